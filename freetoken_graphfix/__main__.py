@@ -1,0 +1,7 @@
+"""``python -m freetoken_graphfix``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,59 @@
+"""The ``FT_GRAPH_UPLOAD`` setting: which protection replaces FreeToken's capture-time upload."""
+
+from __future__ import annotations
+
+import enum
+import os
+
+from .errors import ConfigError
+
+ENV_MODE = "FT_GRAPH_UPLOAD"
+"""Mode of the shim: ``auto`` (default), ``upload``, ``skip``, ``warm``, ``deferred``, or ``off``
+(also ``0``, ``false``) to leave FreeToken untouched. Case and surrounding whitespace are ignored.
+Setting it also arms the ``.pth`` bootstrap in every Python process of the environment."""
+
+OFF_VALUES = ("off", "0", "false")
+
+WARM_TIMEOUT_S = 5.0
+"""How long a warm replay waits for the GPU to consume one released WAIT before it gives up."""
+
+
+class Mode(str, enum.Enum):
+    """What the shim does with each captured graph (see README, "Modes")."""
+
+    AUTO = "auto"  # no-op where no WAIT is released after the launch, else the fastest protection
+    UPLOAD = "upload"  # FreeToken's own behaviour: cuGraphUpload + synchronize on every graph
+    SKIP = "skip"  # never upload; warn for graphs whose first launch can deadlock
+    WARM = "warm"  # one threaded warm replay at capture time for graphs that need protection
+    DEFERRED = "deferred"  # no upload; the first launch's fill runs on a thread started before it
+    OFF = "off"  # the shim patches nothing
+
+
+ACCEPTED = tuple(m.value for m in Mode if m is not Mode.OFF) + OFF_VALUES
+
+
+def parse_mode(value: str | None, *, source: str = ENV_MODE) -> Mode:
+    """Return the :class:`Mode` named by ``value`` (``None`` or empty means ``auto``).
+
+    Raises :class:`ConfigError` naming ``source``, the value and the accepted values otherwise.
+    """
+    if value is None:
+        return Mode.AUTO
+    if isinstance(value, Mode):
+        return value
+    text = str(value).strip().lower()
+    if text == "":
+        return Mode.AUTO
+    if text in OFF_VALUES:
+        return Mode.OFF
+    try:
+        return Mode(text)
+    except ValueError:
+        raise ConfigError(
+            f"{source}={value!r} is not a valid mode; accepted values: {', '.join(ACCEPTED)}"
+        ) from None
+
+
+def mode_from_env() -> Mode:
+    """The mode ``FT_GRAPH_UPLOAD`` asks for (``auto`` when unset)."""
+    return parse_mode(os.environ.get(ENV_MODE))

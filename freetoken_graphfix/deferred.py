@@ -1,0 +1,179 @@
+"""Deferred protection: no upload at capture; a marked graph's first launch gets its fill on a thread.
+
+A never-uploaded graph is only dangerous on its first launch, when the driver's implicit upload can
+block ``cudaGraphLaunch`` behind the graph's own WAIT while the PLE fill that releases it waits for
+the launch to return. For that one launch the guard submits the step's fill to a helper thread
+before the launch and joins it after, the ordering FreeToken 0.2.1 already uses on ROCm
+(``ple_disk.py`` 299-302, 328-341). Later launches take FreeToken's normal path: once every marked
+graph has launched, the hooks are removed and nothing of the shim is left on the decode path.
+
+Hooks, installed only while a marked graph awaits its first launch:
+
+- ``GraphRunner.replay`` (class attribute; ``engine.py`` binds the class by name) tells which graph
+  is launching: ``graph_map[batch.padded_size]``.
+- ``DiskRowTable.host_fill_batch`` returns the step's deferred fill on CUDA wait-sync. FreeToken's
+  ``forward_host_ctx`` looks it up on the class at every call, so the patch also reaches tables
+  (and models holding a bound ``forward_host_ctx``) built before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import wrapt
+
+from .device import clear_flag
+
+logger = logging.getLogger("freetoken_graphfix")
+
+
+class StagedFill:
+    """The fill ``host_fill_batch`` returned for one step; runs once, here or on the helper."""
+
+    __slots__ = ("_fill", "ran", "error")
+
+    def __init__(self, fill: Callable[[], None]) -> None:
+        self._fill = fill
+        self.ran = False
+        self.error: BaseException | None = None
+
+    def __call__(self) -> None:
+        # forward_host_ctx calls this after the launch returns: FreeToken's normal path, unless the
+        # guard already ran the fill around this step's first launch
+        if not self.ran:
+            self.ran = True
+            self._fill()
+
+    def run_on_helper(self, inference_mode: bool) -> None:
+        import torch
+
+        self.ran = True
+        try:
+            with torch.inference_mode(inference_mode):  # thread-local: mirror the engine thread
+                self._fill()
+        except BaseException as exc:  # FreeToken's fill has already released its flag (signal)
+            self.error = exc
+
+
+class FirstLaunchGuard:
+    """Runs the PLE fill of each marked graph's first launch on a helper thread around the launch."""
+
+    def __init__(self, runner_cls: type, upload: Callable[[Any, Any], None]) -> None:
+        self._runner_cls = runner_cls
+        self._upload = upload  # FreeToken's original _upload_graph: the fallback for a bare launch
+        # graph -> (tables whose fill releases its WAITs, on_launched callback); weak, so a rebuild's
+        # destroy_cuda_graphs frees the graphs and their marks with them
+        self._marked: weakref.WeakKeyDictionary[Any, tuple[list[Any], Callable[[str], None]]] = (
+            weakref.WeakKeyDictionary())
+        self._staged: weakref.WeakKeyDictionary[Any, StagedFill] = weakref.WeakKeyDictionary()
+        self._wrapped: list[tuple[type, str, Any]] = []
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._wrapped)
+
+    @property
+    def pending(self) -> int:
+        return len(self._marked)
+
+    def mark(self, graph: Any, tables: list[Any], on_launched: Callable[[str], None]) -> None:
+        """Guard ``graph``'s first launch; ``tables`` are the DiskRowTables whose fill releases it."""
+        self._marked[graph] = (tables, on_launched)
+        for table in tables:
+            self._arm(_defining_class(type(table), "host_fill_batch"), "host_fill_batch", self._on_host_fill)
+        self._arm(self._runner_cls, "replay", self._on_replay)
+
+    def disarm(self) -> None:
+        """Remove the hooks, restoring the exact original class attributes."""
+        while self._wrapped:
+            cls, name, original = self._wrapped.pop()
+            current = vars(cls).get(name)
+            if isinstance(current, wrapt.FunctionWrapper) and current.__wrapped__ is original:
+                setattr(cls, name, original)
+            else:
+                logger.warning("%s.%s was re-patched by someone else; left as it is", cls.__qualname__, name)
+
+    def forget(self) -> None:
+        """Drop every mark (the graphs are being destroyed) and remove the hooks."""
+        self._marked.clear()
+        self._staged.clear()
+        self.disarm()
+
+    def _arm(self, cls: type, name: str, wrapper: Callable[..., Any]) -> None:
+        if any(c is cls and n == name for c, n, _ in self._wrapped):
+            return
+        original = vars(cls)[name]
+        wrapt.wrap_function_wrapper(cls, name, wrapper)
+        self._wrapped.append((cls, name, original))
+
+    def _on_host_fill(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        fill = wrapped(*args, **kwargs)
+        if fill is None:
+            return None
+        staged = self._staged[instance] = StagedFill(fill)
+        return staged
+
+    def _on_replay(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        batch = args[0] if args else kwargs["batch"]
+        graph = instance.graph_map.get(batch.padded_size)
+        entry = self._marked.pop(graph, None) if graph is not None else None
+        if entry is None:
+            return wrapped(*args, **kwargs)
+        try:
+            return self._first_launch(graph, entry, instance, wrapped, args, kwargs)
+        finally:
+            if not self._marked:
+                self.disarm()  # every marked graph has launched: nothing of the shim stays on the hot path
+
+    def _first_launch(self, graph: Any, entry: tuple[list[Any], Callable[[str], None]], runner: Any,
+                      launch: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        tables, on_launched = entry
+        fills = [self._staged.pop(table, None) for table in tables]
+        t0 = time.perf_counter()
+        if any(fill is None or fill.ran for fill in fills):
+            # launched outside forward_host_ctx: no fill will release the WAIT, so protect it the
+            # way FreeToken does rather than risk the deadlock
+            logger.error("first launch of a deferred graph (bs=%s) with no PLE fill staged for it; "
+                         "uploading it first (FreeToken's protection)", getattr(args[0], "padded_size", "?"))
+            self._upload(graph, runner.stream)
+            on_launched("uploaded at first launch: no fill staged")
+            return launch(*args, **kwargs)
+
+        import torch
+
+        inference = torch.is_inference_mode_enabled()
+        helper = threading.Thread(target=lambda: [f.run_on_helper(inference) for f in fills],
+                                  name="graphfix-first-fill", daemon=True)
+        # The PLE store is engine-thread only and has no locks. Between start() and join() the
+        # engine thread does nothing but cudaGraphLaunch, which touches no host-table state, and it
+        # joins the helper before returning to forward_host_ctx: no other access can overlap.
+        helper.start()
+        try:
+            out = launch(*args, **kwargs)
+        except BaseException:
+            helper.join()
+            # A launch that raised left no WAIT pending, but the fill already released its flag:
+            # withdraw that release, so the next step's WAIT is not passed before its own fill.
+            for table in tables:
+                clear_flag(table._flag)
+            on_launched("launch raised; release withdrawn")
+            raise
+        helper.join()
+        errors = [f.error for f in fills if f.error is not None]
+        on_launched(f"fill on helper thread, {1e3 * (time.perf_counter() - t0):.2f} ms"
+                    + (f"; fill raised {errors[0]!r}" if errors else ""))
+        if errors:
+            raise errors[0]  # the flag was released by FreeToken's own error path; output discarded
+        return out
+
+
+def _defining_class(cls: type, name: str) -> type:
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return klass
+    raise AttributeError(f"{cls.__qualname__} has no {name}")

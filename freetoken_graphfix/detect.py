@@ -1,0 +1,114 @@
+"""Which captured graphs hold a stream WAIT that the host releases only after the launch returns.
+
+Every such WAIT in FreeToken 0.2.x comes from ``row_store.wait_reset`` called inside a capture
+(``ple_disk.py`` and ``engram_table.py`` ``lookup``). The caller's ``self`` tells who releases it:
+
+- PLE ``DiskRowTable`` on CUDA (``_worker is None``): the deferred fill runs on the engine thread
+  *after* ``cudaGraphLaunch`` returns (``ple_disk.py`` 342-345). A large never-uploaded graph can
+  block its own launch behind that WAIT: the deadlock the upload was added for.
+- PLE on ROCm (a ``ple-fill`` worker) and Engram (``engram-fill``): the fill is submitted to a
+  worker *before* the launch, so the WAIT is released even while the launch blocks.
+- Anything else: unknown, so it is treated as released after the launch (protected).
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+PLE_MODULE = "freetoken.models.qwen4_exp.ple_disk"
+ENGRAM_MODULE = "freetoken.models.deepseek_v41.engram_table"
+
+
+class Release(str, enum.Enum):
+    """When the host releases a WAIT relative to the graph's launch."""
+
+    AFTER_LAUNCH = "after-launch"  # needs protection when the graph was never uploaded
+    BEFORE_LAUNCH = "before-launch"  # a worker started before the launch releases it
+
+
+@dataclass
+class Wait:
+    """One ``wait_reset`` recorded while a stream was capturing."""
+
+    flag: Any  # the 1-element int64 host tensor the WAIT polls
+    owner: Any  # the object whose method enqueued it (``None`` when unknown)
+    kind: str  # "PLE wait-sync", "Engram wait-sync", or "unknown (<caller>)"
+    release: Release
+    deferrable: bool  # its release can be moved before the launch (PLE DiskRowTable fill)
+
+    @property
+    def after_launch(self) -> bool:
+        return self.release is Release.AFTER_LAUNCH
+
+    def describe(self) -> dict[str, str]:
+        ptr = self.flag.data_ptr() if hasattr(self.flag, "data_ptr") else id(self.flag)
+        return {"owner": self.kind, "release": self.release.value, "flag": hex(ptr)}
+
+
+def _class_from(module: str, name: str) -> type | None:
+    mod = sys.modules.get(module)  # never import: the owner's module is loaded if it owns a WAIT
+    return getattr(mod, name, None) if mod is not None else None
+
+
+def classify(owner: Any, caller: str) -> tuple[str, Release, bool]:
+    """Return ``(kind, release, deferrable)`` for the object that enqueued a WAIT."""
+    ple = _class_from(PLE_MODULE, "DiskRowTable")
+    if ple is not None and isinstance(owner, ple):
+        if getattr(owner, "_worker", None) is None:
+            # host_fill_batch is looked up on the class at call time (ple_disk.py forward_host_ctx),
+            # so a class patch reaches it; an instance attribute would shadow the patch.
+            deferrable = "host_fill_batch" not in vars(owner)
+            return "PLE wait-sync", Release.AFTER_LAUNCH, deferrable
+        return "PLE wait-sync (ple-fill worker)", Release.BEFORE_LAUNCH, False
+    engram = _class_from(ENGRAM_MODULE, "EngramDiskTable")
+    if engram is not None and isinstance(owner, engram):
+        return "Engram wait-sync", Release.BEFORE_LAUNCH, False
+    return f"unknown ({caller})", Release.AFTER_LAUNCH, False
+
+
+_OWN_FRAMES = ("freetoken_graphfix.hooks", "freetoken_graphfix.detect")
+
+
+def caller_frame() -> FrameType:
+    """The innermost frame outside wrapt and the shim's hooks: whoever called the wrapped function."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name.startswith("wrapt") or name in _OWN_FRAMES):
+            break
+        frame = frame.f_back
+    return frame
+
+
+def wait_from_caller(flag: Any) -> Wait:
+    """Build the :class:`Wait` record for a ``wait_reset(stream, flag)`` call seen by the hook."""
+    frame = caller_frame()
+    owner = frame.f_locals.get("self")
+    caller = f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}"
+    kind, release, deferrable = classify(owner, caller)
+    return Wait(flag, owner, kind, release, deferrable)
+
+
+class WaitRecorder:
+    """The WAITs of the graph being captured; drained by the ``_upload_graph`` hook after each capture.
+
+    Cleared at the start and end of every capture pass, so a capture that raised never leaks its
+    WAITs into the next one (runtime rebuilds capture again in the same process).
+    """
+
+    def __init__(self) -> None:
+        self._waits: list[Wait] = []
+
+    def add(self, wait: Wait) -> None:
+        self._waits.append(wait)
+
+    def drain(self) -> list[Wait]:
+        waits, self._waits = self._waits, []
+        return waits
+
+    def clear(self) -> None:
+        self._waits = []

@@ -1,0 +1,81 @@
+"""The thin seam between the strategies and the GPU, so the strategy logic runs on CPU in tests.
+
+Flags are 1-element int64 host tensors (pinned on CUDA); they are read and written from the host
+with plain loads and stores, exactly as the GPU's stream memops see them, on any device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any, Protocol
+
+
+class Device(Protocol):
+    """What the strategies need from the device: capture state, launch, bounded wait, rank count."""
+
+    def is_capturing(self) -> bool: ...
+
+    def replay(self, graph: Any, stream: Any) -> None: ...
+
+    def wait_idle(self, stream: Any, timeout_s: float) -> bool: ...
+
+    def world_size(self) -> int: ...
+
+
+class CudaDevice:
+    """The real device: torch's CUDA graphs and streams, FreeToken's tensor-parallel info."""
+
+    def is_capturing(self) -> bool:
+        import torch
+
+        return torch.cuda.is_current_stream_capturing()
+
+    def replay(self, graph: Any, stream: Any) -> None:
+        import torch
+
+        # A runtime rebuild in overlap mode captures with the scheduler's stream current, not
+        # Engine.stream (freetoken-0.2.1.md 2.2): launch on the stream the graph was captured on.
+        with torch.cuda.stream(stream):
+            graph.replay()
+
+    def wait_idle(self, stream: Any, timeout_s: float) -> bool:
+        import torch
+
+        done = torch.cuda.Event()
+        done.record(stream)
+        deadline = time.monotonic() + timeout_s
+        while not done.query():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(50e-6)
+        return True
+
+    def world_size(self) -> int:
+        try:
+            from freetoken.distributed import try_get_tp_info
+        except ImportError:
+            return 1
+        info = try_get_tp_info()
+        return info.size if info is not None else 1
+
+
+def _word(flag: Any) -> ctypes.c_int64:
+    return ctypes.c_int64.from_address(flag.data_ptr())
+
+
+def read_flag(flag: Any) -> int:
+    """The flag's current value, read from host memory (no CUDA call, safe during a capture)."""
+    return _word(flag).value
+
+
+def clear_flag(flag: Any) -> None:
+    """Drop a surplus release: a stale 1 would pass the next real step's WAIT before its fill lands."""
+    _word(flag).value = 0
+
+
+def signal_flag(flag: Any) -> None:
+    """Release one pending WAIT: FreeToken's own ``row_store.signal`` (a host release-store of 1)."""
+    from freetoken.kernel.row_store import signal
+
+    signal(flag)

@@ -1,0 +1,17 @@
+"""Exceptions raised by freetoken_graphfix: one base, one small subclass per kind."""
+
+
+class GraphfixError(Exception):
+    """The base class of every error freetoken_graphfix raises on purpose."""
+
+
+class ConfigError(GraphfixError):
+    """A setting (environment variable or argument) holds a value the shim does not accept."""
+
+
+class WarmReplayError(GraphfixError):
+    """A capture-time warm replay failed where falling back would split tensor-parallel ranks."""
+
+
+class PatchError(GraphfixError):
+    """The patch series does not fit the target tree."""

@@ -1,0 +1,166 @@
+"""A CPU stand-in for the CUDA device, and only for the device: FreeToken itself is the real one.
+
+The fake replaces the driver-facing edges FreeToken calls (``torch.cuda`` graph/stream calls,
+``_row_store.memop_wait_reset``, the ctypes ``cuGraphUpload``). A graph is a list of nodes run by
+a "GPU" thread at launch: a WAIT polls the real host flag until it is >= 1 and writes 0 (the memop
+pair ``wait_reset`` enqueues), a kernel node runs a Python callable. Like the H200 measurements in
+``shared/gpu.md``, the first launch of a *large*, never-uploaded graph blocks until its first WAIT
+is consumed; uploaded graphs and later launches never block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+_handles = itertools.count(0x1000)
+
+
+def flag_value(ptr: int) -> int:
+    return ctypes.c_int64.from_address(ptr).value
+
+
+@dataclass
+class Node:
+    kind: str  # "wait" or "kernel"
+    ptr: int = 0
+    fn: Callable[[], None] | None = None
+
+
+class FakeStream:
+    def __init__(self, device: FakeCuda) -> None:
+        self.cuda_stream = next(_handles)
+        self._device = device
+        self.gpu: threading.Thread | None = None
+
+    def synchronize(self) -> None:
+        if self.gpu is not None:
+            self.gpu.join()
+
+    def wait_stream(self, other: FakeStream) -> None:
+        pass
+
+
+@dataclass
+class FakeGraph:
+    """A captured graph; ``large`` graphs block their first un-uploaded launch behind their WAIT."""
+
+    device: FakeCuda
+    large: bool = True
+    nodes: list[Node] = field(default_factory=list)
+    uploaded: bool = False
+    launches: int = 0
+    blocked_ms: list[float] = field(default_factory=list)
+    exec_handle: int = field(default_factory=lambda: next(_handles))
+    fail_launch: bool = False
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def pool(self) -> int:
+        return 0
+
+    def raw_cuda_graph_exec(self) -> int:
+        self.device.execs[self.exec_handle] = self
+        return self.exec_handle
+
+    def replay(self) -> None:
+        """cudaGraphLaunch on the current stream."""
+        import time
+
+        if self.fail_launch:
+            raise RuntimeError("fake cudaGraphLaunch failure")
+        stream = self.device.current
+        first, self.launches = self.launches == 0, self.launches + 1
+        first_wait_done = threading.Event()
+
+        def run() -> None:
+            for node in self.nodes:
+                if node.kind == "wait":
+                    while flag_value(node.ptr) < 1:
+                        if self.device.halt.wait(0.0005):
+                            return
+                    ctypes.c_int64.from_address(node.ptr).value = 0
+                    first_wait_done.set()
+                else:
+                    node.fn()
+            first_wait_done.set()
+
+        if stream.gpu is not None:
+            stream.gpu.join()  # stream order: after earlier work
+        stream.gpu = threading.Thread(target=run, daemon=True)
+        stream.gpu.start()
+        if first and not self.uploaded and self.large and any(n.kind == "wait" for n in self.nodes):
+            t0 = time.perf_counter()
+            first_wait_done.wait()  # the implicit upload stuck behind the graph's own WAIT
+            self.blocked_ms.append(1e3 * (time.perf_counter() - t0))
+
+
+class FakeCuda:
+    """The device seam of freetoken_graphfix (``Device``) plus the torch.cuda calls FreeToken makes."""
+
+    def __init__(self) -> None:
+        self.capturing_graph: FakeGraph | None = None
+        self.default = FakeStream(self)
+        self.current = self.default
+        self.execs: dict[int, FakeGraph] = {}
+        self.world = 1
+        self.halt = threading.Event()  # ends every fake GPU thread at teardown
+        self.large = True
+
+    # ---- freetoken_graphfix.device.Device
+    def is_capturing(self) -> bool:
+        return self.capturing_graph is not None
+
+    def replay(self, graph: FakeGraph, stream: FakeStream) -> None:
+        with self.stream(stream):
+            graph.replay()
+
+    def wait_idle(self, stream: FakeStream, timeout_s: float) -> bool:
+        if stream.gpu is None:
+            return True
+        stream.gpu.join(timeout_s)
+        return not stream.gpu.is_alive()
+
+    def world_size(self) -> int:
+        return self.world
+
+    # ---- what torch.cuda / the driver provide to FreeToken
+    @contextlib.contextmanager
+    def stream(self, stream: FakeStream) -> Iterator[None]:
+        before, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = before
+
+    @contextlib.contextmanager
+    def capture(self, graph: FakeGraph, stream: FakeStream | None = None) -> Iterator[FakeGraph]:
+        self.capturing_graph = graph
+        try:
+            with self.stream(stream or self.current):
+                yield graph
+        finally:
+            self.capturing_graph = None
+
+    def new_graph(self, *args: object, **kwargs: object) -> FakeGraph:
+        return FakeGraph(self, large=self.large)
+
+    def memop_wait_reset(self, stream_handle: int, ptr: int) -> None:
+        assert self.capturing_graph is not None, "wait_reset outside a capture"
+        self.capturing_graph.nodes.append(Node("wait", ptr=ptr))
+
+    def enqueue(self, fn: Callable[[], None]) -> None:
+        """A kernel: recorded when capturing, else run now (eager)."""
+        if self.capturing_graph is not None:
+            self.capturing_graph.nodes.append(Node("kernel", fn=fn))
+        else:
+            fn()
+
+    def cu_graph_upload(self, exec_handle: int, stream_handle: int) -> int:
+        self.execs[exec_handle].uploaded = True
+        return 0

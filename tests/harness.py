@@ -1,0 +1,195 @@
+"""FreeToken 0.2.1's real capture loop, replay and PLE disk table, driven on the fake device.
+
+``make_table`` builds a real ``DiskRowTable`` in CUDA wait-sync state over a real ``PleStore``
+(FreeToken's compiled row store, reading a row file this module writes). ``__init__`` itself needs
+a GPU (pinned allocations, ``torch.cuda.current_device``), so the attributes it would set are set
+here, as ``ple_disk.py`` 145-222 sets them on CUDA in wait-sync mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+HEADS, ROW_BYTES, ROWS, EOS = 2, 64, 200, 7
+SIZES, OFFSETS, MULTIPLIERS = [97, 89], [0, 97], [3, 5, 7]
+VOCAB = 16
+
+
+class FakeEvent:
+    def record(self, stream: object = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+def write_rows(folder: Path) -> Path:
+    path = folder / "ple-rows.bin"
+    np.random.default_rng(1234).integers(0, 120, (ROWS, ROW_BYTES), dtype=np.uint8).tofile(path)
+    return path
+
+
+def make_store(path: Path):
+    from freetoken.kernel.row_store import PleStore
+
+    return PleStore(paths=[str(path)], extent_file=[0], extent_base=[0], rows_per_extent=ROWS,
+                    row_bytes=ROW_BYTES, row_stride=ROW_BYTES, multipliers=MULTIPLIERS,
+                    head_vocab_sizes=SIZES, head_offsets=OFFSETS, eos_token_id=EOS, use_io_uring=False)
+
+
+def make_table(path: Path, max_graph_rows: int = 8):
+    from freetoken.models.qwen4_exp.ple_disk import DiskRowTable
+
+    t = object.__new__(DiskRowTable)
+    t.num_rows, t.head_dim, t._ggml_type, t._row_bytes = ROWS, ROW_BYTES, None, ROW_BYTES
+    t._row_dtype, t.dtype, t.heads, t.scale = torch.float8_e4m3fn, torch.bfloat16, HEADS, 1.0
+    t.eos_token_id, t.image_token_id = EOS, None
+    t._store = make_store(path)
+    t._store_path = str(path)  # for expect(): an independent store over the same file
+    t._device = torch.device("cpu")
+    t._token_bytes = HEADS * ROW_BYTES
+    t._graph_pinned = torch.zeros(max_graph_rows * t._token_bytes, dtype=torch.uint8)
+    t._graph_dev = torch.empty_like(t._graph_pinned)
+    t._graph_consumed = FakeEvent()
+    t._eager_pinned = [torch.zeros(64 * t._token_bytes, dtype=torch.uint8) for _ in range(2)]
+    t._eager_read, t._eager_slot = [FakeEvent(), FakeEvent()], 0
+    t._eager_dev = torch.empty_like(t._eager_pinned[0])
+    t._wait_sync = True
+    t._flag = torch.zeros(1, dtype=torch.int64)
+    t._token_readback = torch.zeros(max_graph_rows, dtype=torch.int32)
+    t._readback_event = FakeEvent()
+    t._worker, t._pending, t._failed = None, None, False
+    return t
+
+
+class Ctx:
+    """Stands in for FreeToken's global Context (only forward_batch is used around capture/replay)."""
+
+    def __init__(self) -> None:
+        self.batch = None
+
+    @contextlib.contextmanager
+    def forward_batch(self, batch):
+        assert self.batch is None, "Nested forward_batch is not allowed"
+        self.batch = batch
+        try:
+            yield
+        finally:
+            self.batch = None
+
+
+class PleModel:
+    """A decode forward: the real ``DiskRowTable.lookup`` (WAIT + staging copy), then a kernel that
+    reads the staged rows as the GPU would, after the WAIT."""
+
+    def __init__(self, table, fake, ctx: Ctx, kernels: int = 0) -> None:
+        self.table, self.fake, self.ctx, self.kernels = table, fake, ctx, kernels
+        self.seen: dict[int, torch.Tensor] = {}
+
+    def forward(self) -> torch.Tensor:
+        bs = self.ctx.batch.padded_size
+        self.table.lookup(torch.zeros(bs, HEADS, dtype=torch.int64))
+        seen = self.seen.setdefault(bs, torch.zeros(bs * self.table._token_bytes, dtype=torch.uint8))
+        pinned = self.table._graph_pinned
+        self.fake.enqueue(lambda: seen.copy_(pinned[: seen.numel()]))
+        return torch.zeros(bs, VOCAB)
+
+
+class Attn:
+    def init_capture_graph(self, **kwargs: object) -> None:
+        pass
+
+    def prepare_for_capture(self, batch: object) -> None:
+        pass
+
+    def prepare_for_replay(self, batch: object) -> None:
+        pass
+
+
+def make_runner(model: PleModel, stream, bs_list=(1, 2)):
+    from freetoken.engine.graph import GraphRunner
+
+    dummy = SimpleNamespace(linear_slot_idx=None, table_idx=0, input_ids=torch.zeros(2, dtype=torch.int64),
+                            device_len=1)
+    return GraphRunner(stream=stream, device=torch.device("cpu"), model=model, attn_backend=Attn(),
+                       cuda_graph_bs=list(bs_list), cuda_graph_max_bs=max(bs_list), free_memory=1 << 40,
+                       max_seq_len=64, vocab_size=VOCAB, dummy_req=dummy)
+
+
+@contextlib.contextmanager
+def watchdog(flag: torch.Tensor, seconds: float) -> Iterator[threading.Event]:
+    """Release ``flag`` after ``seconds`` so a blocked launch is reported, not hung."""
+    from freetoken.kernel.row_store import signal
+
+    done, fired = threading.Event(), threading.Event()
+
+    def run() -> None:
+        if not done.wait(seconds):
+            fired.set()
+            signal(flag)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    try:
+        yield fired
+    finally:
+        done.set()
+        th.join()
+
+
+class Step(SimpleNamespace):
+    launch_s: float
+    fired: bool
+    ok: bool
+    flag_after: int
+
+
+def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: int,
+                watchdog_s: float = 1.0) -> Step:
+    """One decode step in FreeToken's serving order (engine.py 1272): forward_host_ctx around replay."""
+    from freetoken.core import Batch
+    from freetoken.models.qwen4_exp.ple_disk import _context
+
+    g = torch.Generator().manual_seed(seed)
+    reqs = []
+    for _ in range(bs):
+        ids = torch.randint(0, 5000, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g)
+        reqs.append(SimpleNamespace(input_ids=ids, device_len=len(ids)))
+    batch = Batch(reqs=reqs, phase="decode")
+    batch.padded_reqs = reqs
+    batch.input_ids = torch.randint(0, 5000, (bs,), generator=g, dtype=torch.int32)
+    batch.positions = torch.zeros(bs, dtype=torch.int32)
+    batch.out_loc = None
+    runs = [torch.tensor([*_context(r.input_ids, r.device_len - 1, EOS), int(t)], dtype=torch.int64)
+            for r, t in zip(reqs, batch.input_ids)]
+    with watchdog(table._flag, watchdog_s) as fired, fake.stream(runner.stream):
+        t0 = time.perf_counter()
+        with ctx.forward_batch(batch), table.forward_host_ctx(batch, True):
+            runner.replay(batch)
+        launch_s = time.perf_counter() - t0
+        runner.stream.synchronize()
+    return Step(launch_s=launch_s, fired=fired.is_set(), ok=bool(torch.equal(model.seen[bs], expect(table, runs))),
+                flag_after=int(table._flag[0]))
+
+
+def expect(table, runs) -> torch.Tensor:
+    """The rows FreeToken's fill stages for ``runs``, staged independently into a plain buffer."""
+    n = sum(r.numel() - 2 for r in runs)
+    out = torch.zeros(n * table._token_bytes, dtype=torch.uint8)
+    store, off = make_store(Path(table._store_path)), 0
+    for run in runs:
+        store.stage(run.data_ptr(), run.numel() - 2, out.data_ptr() + off * table._token_bytes)
+        off += run.numel() - 2
+    store.flush(0)
+    return out

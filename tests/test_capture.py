@@ -1,0 +1,168 @@
+"""Per-graph decisions inside FreeToken 0.2.1's real GraphRunner._capture_graphs, mode by mode."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import freetoken_graphfix
+from freetoken_graphfix import hooks
+
+from . import harness
+from .fakecuda import FakeGraph
+
+
+def capture(fake, model, bs_list=(1, 2)):
+    stream = fake.default
+    return harness.make_runner(model, stream, bs_list)
+
+
+def graphs_of(status):
+    return [(g["name"], g["action"], g["reason"]) for p in status["passes"] for g in p["graphs"]]
+
+
+def test_auto_protects_only_the_ple_graphs(install, fake, engine):
+    table, model = engine
+    install("auto")
+    runner = capture(fake, model)
+    st = freetoken_graphfix.status()
+    assert graphs_of(st) == [("bs=2", "deferred", "PLE wait-sync"), ("bs=1", "deferred", "PLE wait-sync")]
+    assert st["passes"][0]["graphs"][0]["waits"][0]["owner"] == "PLE wait-sync"
+    assert st["passes"][0]["graphs"][0]["waits"][0]["release"] == "after-launch"
+    assert not any(g.uploaded for g in runner.graph_map.values())  # no upload, no sync
+    assert st["deferred"]["pending_first_launches"] == 2
+
+
+def test_graph_without_wait_gets_noop(install, fake, engine):
+    table, model = engine
+    table._wait_sync = False  # launch-gating: no WAIT in the graph (ple_disk.py 356)
+    install("auto")
+    runner = capture(fake, model)
+    assert [a for _, a, _ in graphs_of(freetoken_graphfix.status())] == ["no-op", "no-op"]
+    assert not any(g.uploaded or g.launches for g in runner.graph_map.values())
+
+
+def test_upload_mode_calls_freetokens_own_upload(install, fake, engine):
+    _, model = engine
+    install("upload")
+    runner = capture(fake, model)
+    assert all(g.uploaded for g in runner.graph_map.values())
+    assert [a for _, a, _ in graphs_of(freetoken_graphfix.status())] == ["upload", "upload"]
+
+
+def test_skip_warns_naming_owner_and_graph(install, fake, engine, caplog):
+    _, model = engine
+    install("skip")
+    with caplog.at_level(logging.WARNING, "freetoken_graphfix"):
+        runner = capture(fake, model)
+    assert not any(g.uploaded or g.launches for g in runner.graph_map.values())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "graph bs=2" in warnings[0] and "PLE wait-sync flag 0x" in warnings[0]
+    assert "first launch can deadlock" in warnings[0]
+
+
+def test_warm_mode_replays_once_and_leaves_flag_at_zero(install, fake, engine):
+    table, model = engine
+    install("warm")
+    runner = capture(fake, model)
+    assert [g.launches for g in runner.graph_map.values()] == [1, 1]  # one warm replay each
+    assert not any(g.uploaded for g in runner.graph_map.values())
+    assert int(table._flag[0]) == 0
+
+
+def test_deferred_mode_marks_graphs(install, fake, engine):
+    _, model = engine
+    install("deferred")
+    capture(fake, model)
+    assert [a for _, a, _ in graphs_of(freetoken_graphfix.status())] == ["deferred", "deferred"]
+
+
+def test_summary_line_per_capture_pass(install, fake, engine, caplog):
+    _, model = engine
+    install("auto")
+    with caplog.at_level(logging.INFO, "freetoken_graphfix"):
+        capture(fake, model)
+    lines = [r.getMessage() for r in caplog.records if "capture pass" in r.getMessage()]
+    assert lines == ["capture pass 0: 2 graphs: 2 deferred (PLE wait-sync)"]
+
+
+def test_two_captures_each_get_their_own_record(install, fake, engine):
+    table, model = engine
+    install("warm")
+    capture(fake, model)
+    table._wait_sync = False
+    capture(fake, model, bs_list=(1, 2, 4))  # a runtime rebuild: new runner, new graphs
+    passes = freetoken_graphfix.status()["passes"]
+    assert [len(p["graphs"]) for p in passes] == [2, 3]
+    assert [g["action"] for g in passes[0]["graphs"]] == ["warm", "warm"]
+    assert [g["action"] for g in passes[1]["graphs"]] == ["no-op"] * 3
+    assert all(p["done"] for p in passes)
+
+
+def test_a_failed_capture_does_not_leak_its_waits(install, fake, engine, monkeypatch):
+    table, model = engine
+    install("auto")
+    import freetoken.engine.graph as graph
+
+    real_upload = graph._upload_graph
+    calls = {"n": 0}
+
+    def capture_that_fails(*args, **kwargs):  # the capture of bs=1 raises after its lookup ran
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("capture failed")
+        return real_upload(*args, **kwargs)
+
+    monkeypatch.setattr(graph, "_upload_graph", capture_that_fails)
+    with pytest.raises(RuntimeError, match="capture failed"):
+        capture(fake, model)
+    monkeypatch.setattr(graph, "_upload_graph", real_upload)
+    table._wait_sync = False  # the next capture holds no WAIT: it must not inherit bs=1's
+    capture(fake, model)
+    last = freetoken_graphfix.status()["passes"][-1]
+    assert [g["action"] for g in last["graphs"]] == ["no-op", "no-op"]
+
+
+def test_unknown_owner_is_protected(install, fake):
+    """A WAIT enqueued by something the shim does not know is treated as released after the launch."""
+    import torch
+    from freetoken.kernel import row_store
+
+    install("auto")
+    flag = torch.zeros(1, dtype=torch.int64)
+    graph = FakeGraph(fake)
+    with fake.capture(graph):
+        row_store.wait_reset(fake.current, flag)
+    from freetoken.engine.graph import _upload_graph
+
+    _upload_graph(graph, fake.current)
+    rec = freetoken_graphfix.status()["passes"][-1]["graphs"][0]
+    assert rec["action"] == "warm"
+    assert rec["waits"][0]["owner"].startswith("unknown (tests.test_capture.test_unknown_owner_is_protected")
+    assert graph.launches == 1 and int(flag[0]) == 0
+
+
+def test_engram_waits_need_no_protection(install, fake):
+    import torch
+    from freetoken.models.deepseek_v41.engram_table import EngramDiskTable
+
+    table = object.__new__(EngramDiskTable)  # only its identity matters to the classifier
+    install("auto")
+    flag = torch.zeros(1, dtype=torch.int64)
+    graph = FakeGraph(fake)
+    from freetoken.kernel import row_store
+
+    def lookup(self):  # the shape of EngramDiskTable.lookup: a method whose self is the table
+        row_store.wait_reset(fake.current, flag)
+
+    with fake.capture(graph):
+        lookup(table)
+    hooks._on_upload_graph  # noqa: B018  (the wrapper under test)
+    from freetoken.engine.graph import _upload_graph
+
+    _upload_graph(graph, fake.current)
+    rec = freetoken_graphfix.status()["passes"][-1]["graphs"][0]
+    assert (rec["action"], rec["waits"][0]["owner"], rec["waits"][0]["release"]) == (
+        "no-op", "Engram wait-sync", "before-launch")
