@@ -172,7 +172,7 @@ def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: i
     batch.positions = torch.zeros(bs, dtype=torch.int32)
     batch.out_loc = None
     runs = [torch.tensor([*_context(r.input_ids, r.device_len - 1, EOS), int(t)], dtype=torch.int64)
-            for r, t in zip(reqs, batch.input_ids)]
+            for r, t in zip(reqs, batch.input_ids, strict=True)]
     with watchdog(table._flag, watchdog_s) as fired, fake.stream(runner.stream):
         t0 = time.perf_counter()
         with ctx.forward_batch(batch), table.forward_host_ctx(batch, True):

@@ -104,21 +104,18 @@ def test_two_captures_each_get_their_own_record(install, fake, engine):
 def test_a_failed_capture_does_not_leak_its_waits(install, fake, engine, monkeypatch):
     table, model = engine
     install("auto")
-    import freetoken.engine.graph as graph
+    real_forward = model.forward
 
-    real_upload = graph._upload_graph
-    calls = {"n": 0}
-
-    def capture_that_fails(*args, **kwargs):  # the capture of bs=1 raises after its lookup ran
-        calls["n"] += 1
-        if calls["n"] == 2:
+    def forward_that_fails():  # bs=1's capture raises after its lookup enqueued the WAIT
+        out = real_forward()
+        if fake.is_capturing() and fake.ctx.batch.padded_size == 1:
             raise RuntimeError("capture failed")
-        return real_upload(*args, **kwargs)
+        return out
 
-    monkeypatch.setattr(graph, "_upload_graph", capture_that_fails)
+    monkeypatch.setattr(model, "forward", forward_that_fails)
     with pytest.raises(RuntimeError, match="capture failed"):
         capture(fake, model)
-    monkeypatch.setattr(graph, "_upload_graph", real_upload)
+    monkeypatch.setattr(model, "forward", real_forward)
     table._wait_sync = False  # the next capture holds no WAIT: it must not inherit bs=1's
     capture(fake, model)
     last = freetoken_graphfix.status()["passes"][-1]

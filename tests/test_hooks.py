@@ -1,0 +1,208 @@
+"""install()/uninstall() against the real FreeToken: import orders, exact restore, version gating."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import wrapt
+
+import freetoken_graphfix
+
+REPORT = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+{imports}
+import freetoken.engine.graph as g, freetoken_graphfix, torch
+print(json.dumps({{"upload": type(vars(g).get("_upload_graph")).__name__,
+                  "status": freetoken_graphfix.status(), "cuda": torch.cuda.is_initialized()}}))
+"""
+
+
+def run_child(imports: str, env: dict | None = None, pythonpath: str | None = None) -> tuple[dict, str]:
+    env = {**{k: v for k, v in os.environ.items() if k != "FT_GRAPH_UPLOAD"}, **(env or {})}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    proc = subprocess.run([sys.executable, "-c", REPORT.format(imports=textwrap.dedent(imports))],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.mark.parametrize("imports", [
+    "import freetoken_graphfix\nimport freetoken.engine.graph",
+    "import freetoken.engine.graph\nimport freetoken_graphfix",
+])
+def test_both_import_orders_patch(imports):
+    report, _ = run_child(imports)
+    assert report["upload"] == "FunctionWrapper"
+    assert report["status"]["patched"] and report["status"]["mode"] == "auto"
+    assert report["cuda"] is False  # Engine.__init__ asserts CUDA is uninitialised (engine.py 408)
+
+
+def test_import_does_not_import_torch():
+    code = "import sys, freetoken_graphfix; print('torch' in sys.modules, 'freetoken' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_install_uninstall_idempotent_and_exact(clean_shim, caplog):
+    import freetoken.engine.graph as graph
+    import freetoken.kernel.row_store as row_store
+
+    originals = (vars(graph)["_upload_graph"], vars(row_store)["wait_reset"],
+                 vars(graph.GraphRunner)["_capture_graphs"])
+    freetoken_graphfix.uninstall()  # before install: nothing to do
+    freetoken_graphfix.install("auto")
+    with caplog.at_level(logging.DEBUG, "freetoken_graphfix"):
+        freetoken_graphfix.install("warm")  # a second call is a no-op
+    assert freetoken_graphfix.status()["mode"] == "auto"
+    assert "already installed" in caplog.text
+    wrapped = (vars(graph)["_upload_graph"], vars(row_store)["wait_reset"], vars(graph.GraphRunner)["_capture_graphs"])
+    assert all(isinstance(w, wrapt.FunctionWrapper) for w in wrapped)
+    assert [w.__wrapped__ for w in wrapped] == list(originals)
+    freetoken_graphfix.uninstall()
+    freetoken_graphfix.uninstall()
+    restored = (vars(graph)["_upload_graph"], vars(row_store)["wait_reset"], vars(graph.GraphRunner)["_capture_graphs"])
+    assert all(r is o for r, o in zip(restored, originals, strict=True))
+    freetoken_graphfix.install("skip")  # install -> uninstall -> install
+    assert isinstance(vars(graph)["_upload_graph"], wrapt.FunctionWrapper)
+    assert freetoken_graphfix.status()["mode"] == "skip"
+
+
+def test_mode_exported_for_children(clean_shim, monkeypatch):
+    monkeypatch.delenv("FT_GRAPH_UPLOAD", raising=False)
+    freetoken_graphfix.install()
+    assert os.environ["FT_GRAPH_UPLOAD"] == "auto"
+    freetoken_graphfix.uninstall()
+    assert "FT_GRAPH_UPLOAD" not in os.environ  # restored as found
+    monkeypatch.setenv("FT_GRAPH_UPLOAD", " WARM ")
+    freetoken_graphfix.install()
+    assert freetoken_graphfix.status()["mode"] == "warm" and os.environ["FT_GRAPH_UPLOAD"] == "warm"
+
+
+def test_off_patches_nothing(clean_shim, monkeypatch):
+    import freetoken.engine.graph as graph
+
+    for value in ("off", "0", "FALSE"):
+        monkeypatch.setenv("FT_GRAPH_UPLOAD", value)
+        freetoken_graphfix.install()
+        assert not isinstance(vars(graph)["_upload_graph"], wrapt.FunctionWrapper)
+        st = freetoken_graphfix.status()
+        assert (st["mode"], st["patched"], st["reason"]) == ("off", False, "disabled (FT_GRAPH_UPLOAD=off)")
+        freetoken_graphfix.uninstall()
+
+
+@pytest.mark.parametrize("value", ["bogus", "uploaded", "on", "1"])
+def test_bad_env_value_is_a_clear_error(clean_shim, monkeypatch, value):
+    import freetoken.engine.graph as graph
+
+    monkeypatch.setenv("FT_GRAPH_UPLOAD", value)
+    with pytest.raises(freetoken_graphfix.ConfigError) as err:
+        freetoken_graphfix.install()
+    assert str(err.value) == (f"FT_GRAPH_UPLOAD={value!r} is not a valid mode; accepted values: "
+                              "auto, upload, skip, warm, deferred, off, 0, false")
+    assert not isinstance(vars(graph)["_upload_graph"], wrapt.FunctionWrapper)  # nothing patched
+    assert os.environ["FT_GRAPH_UPLOAD"] == value  # and nothing lost
+
+
+def test_bad_mode_argument(clean_shim):
+    with pytest.raises(freetoken_graphfix.ConfigError, match=r"^mode='fast' is not a valid mode; accepted"):
+        freetoken_graphfix.install("fast")
+
+
+def test_bad_env_value_at_import():
+    proc = subprocess.run([sys.executable, "-c", "import freetoken_graphfix"], capture_output=True, text=True,
+                          env={**os.environ, "FT_GRAPH_UPLOAD": "sometimes"})
+    assert proc.returncode == 1
+    assert "ConfigError: FT_GRAPH_UPLOAD='sometimes' is not a valid mode" in proc.stderr
+
+
+def test_other_signature_refused(clean_shim, monkeypatch, caplog):
+    import freetoken.engine.graph as graph
+
+    def _upload_graph(graph, stream, *, sync=True):  # a future FreeToken
+        pass
+
+    monkeypatch.setattr(graph, "_upload_graph", _upload_graph)
+    with caplog.at_level(logging.INFO, "freetoken_graphfix"):
+        freetoken_graphfix.install("auto")
+    assert vars(graph)["_upload_graph"] is _upload_graph
+    st = freetoken_graphfix.status()
+    assert not st["patched"] and "changed _upload_graph to ['graph', 'stream', 'sync']" in st["reason"]
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+
+
+def test_missing_wait_reset_refused(clean_shim, monkeypatch):
+    import freetoken.engine.graph as graph
+    import freetoken.kernel.row_store as row_store
+
+    monkeypatch.delattr(row_store, "wait_reset")
+    freetoken_graphfix.install("auto")
+    assert not isinstance(vars(graph)["_upload_graph"], wrapt.FunctionWrapper)
+    assert "lacks kernel.row_store.wait_reset" in freetoken_graphfix.status()["reason"]
+
+
+def test_failure_midway_leaves_nothing_patched(clean_shim, monkeypatch):
+    import freetoken.engine.graph as graph
+    import freetoken.kernel.row_store as row_store
+
+    original = vars(graph)["_upload_graph"]
+    real_wrap = wrapt.wrap_function_wrapper
+
+    def flaky(owner, name, wrapper):
+        if name == "_capture_graphs":
+            raise RuntimeError("simulated")
+        return real_wrap(owner, name, wrapper)
+
+    monkeypatch.setattr(wrapt, "wrap_function_wrapper", flaky)
+    freetoken_graphfix.install("auto")
+    assert vars(graph)["_upload_graph"] is original
+    assert not isinstance(vars(row_store)["wait_reset"], wrapt.FunctionWrapper)
+    assert "patching failed" in freetoken_graphfix.status()["reason"]
+
+
+@pytest.fixture(scope="session")
+def old_freetoken(tmp_path_factory, request):
+    """Real older releases from PyPI, unpacked beside the test venv (wheels cached across runs)."""
+    cache = request.config.cache.mkdir("freetoken-wheels")
+
+    def get(version: str) -> str:
+        target = tmp_path_factory.mktemp(f"freetoken-{version}")
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "-d", str(cache), f"freetoken=={version}"], check=True)
+        wheel = next(cache.glob(f"freetoken-{version}-*.whl"))
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+                        "--target", str(target), str(wheel)], check=True)
+        return str(target)
+
+    return get
+
+
+def test_freetoken_013_has_nothing_to_patch(old_freetoken):
+    report, log = run_child("import freetoken_graphfix", pythonpath=old_freetoken("0.1.3"))
+    st = report["status"]
+    assert st["freetoken"]["version"] == "0.1.3" and report["upload"] == "NoneType"
+    assert not st["patched"] and "has no engine.graph._upload_graph" in st["reason"]
+    assert "INFO freetoken_graphfix not patched: freetoken 0.1.3 has no engine.graph._upload_graph" in log
+
+
+def test_freetoken_020_is_patched(old_freetoken):
+    report, _ = run_child("import freetoken_graphfix", pythonpath=old_freetoken("0.2.0"))
+    st = report["status"]
+    assert st["freetoken"]["version"] == "0.2.0" and st["patched"] and st["freetoken"]["tested"]
+    assert report["upload"] == "FunctionWrapper" and st["deferred"]["available"]
+
+
+def test_status_before_freetoken_import():
+    code = "import json, freetoken_graphfix as f; print(json.dumps(f.status()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    st = json.loads(out.stdout)
+    assert st["installed"] and not st["patched"]
+    assert st["reason"] == "waiting for freetoken.engine.graph to be imported"
+    assert st["freetoken"]["version"] == "0.2.1"
