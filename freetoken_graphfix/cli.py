@@ -115,6 +115,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # bench owns its options (argparse REMAINDER would not pass "--x" on)
+        from . import bench
+
+        return bench.main(argv[1:])
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s %(message)s")
     try:
