@@ -155,9 +155,8 @@ class Step(SimpleNamespace):
     flag_after: int
 
 
-def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: int,
-                watchdog_s: float = 1.0) -> Step:
-    """One decode step in FreeToken's serving order (engine.py 1272): forward_host_ctx around replay."""
+def make_batch(bs: int, seed: int):
+    """A decode batch as the scheduler hands it to the engine, and the PLE runs its fill will stage."""
     from freetoken.core import Batch
     from freetoken.models.qwen4_exp.ple_disk import _context
 
@@ -173,6 +172,13 @@ def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: i
     batch.out_loc = None
     runs = [torch.tensor([*_context(r.input_ids, r.device_len - 1, EOS), int(t)], dtype=torch.int64)
             for r, t in zip(reqs, batch.input_ids, strict=True)]
+    return batch, runs
+
+
+def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: int,
+                watchdog_s: float = 1.0) -> Step:
+    """One decode step in FreeToken's serving order (engine.py 1272): forward_host_ctx around replay."""
+    batch, runs = make_batch(bs, seed)
     with watchdog(table._flag, watchdog_s) as fired, fake.stream(runner.stream):
         t0 = time.perf_counter()
         with ctx.forward_batch(batch), table.forward_host_ctx(batch, True):

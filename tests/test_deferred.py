@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 import freetoken_graphfix
-from freetoken_graphfix import hooks
 
 from . import harness
 
@@ -139,26 +138,27 @@ def test_shadowed_host_fill_falls_back_to_warm(install, fake, engine):
 
 def test_bare_launch_of_a_deferred_graph_is_uploaded(install, fake, engine, caplog):
     """A marked graph launched outside forward_host_ctx has no fill to move: upload it first."""
-    from types import SimpleNamespace
-
     install("deferred")
     runner = harness.make_runner(engine[1], fake.default)
-    g = runner.graph_map[1]
-    hooks._state.guard._on_replay(lambda batch: g.replay(), runner, (SimpleNamespace(padded_size=1),), {})
-    assert g.uploaded
+    batch, _ = harness.make_batch(1, seed=15)
+    with fake.stream(runner.stream), fake.ctx.forward_batch(batch):
+        runner.replay(batch)  # the real GraphRunner.replay, no forward_host_ctx around it
+    assert runner.graph_map[1].uploaded and runner.graph_map[1].launches == 1
     assert first_launches()["bs=1"] == "uploaded at first launch: no fill staged"
+    assert "no PLE fill staged" in caplog.text
     fake.halt.set()  # nothing will release the WAIT of that bare launch
 
 
 def test_deferred_adds_no_hook_after_first_launches(install, fake, engine):
     """Zero steady-state overhead: no wrapper of the shim is left on the decode path."""
-    import wrapt
     from freetoken.engine.graph import GraphRunner
     from freetoken.models.qwen4_exp.ple_disk import DiskRowTable
 
+    path = [(GraphRunner, "replay"), (DiskRowTable, "host_fill_batch"), (DiskRowTable, "forward_host_ctx"),
+            (DiskRowTable, "fill")]
+    originals = [vars(cls)[name] for cls, name in path]
     install("deferred")
     runner = harness.make_runner(engine[1], fake.default, bs_list=(1,))
+    assert vars(GraphRunner)["replay"] is not originals[0]  # armed while bs=1 awaits its first launch
     step(runner, engine, fake, 1, seed=14)
-    for obj, name in ((GraphRunner, "replay"), (DiskRowTable, "host_fill_batch"),
-                      (DiskRowTable, "forward_host_ctx")):
-        assert not isinstance(vars(obj)[name], wrapt.FunctionWrapper), name
+    assert [vars(cls)[name] for cls, name in path] == originals
