@@ -51,7 +51,9 @@ def do_doctor(args: argparse.Namespace) -> int:
     line("new processes", f"{'shim installed' if active else 'shim NOT installed'}: {why}")
     line("interpreters", ", ".join(bootstrap.interpreters()))
     line("turn it off", f"{config.ENV_MODE}=off (or 0, false), or pip uninstall freetoken-graphfix")
-    line("patch series", "none shipped in this release (runtime shim only)")
+    from . import patching
+
+    line("patch series", patching.describe_installed())
     return _doctor_bench(line) if not args.no_bench else OK
 
 
@@ -88,6 +90,20 @@ def do_run(args: argparse.Namespace) -> int:
     return 128 - code if code < 0 else code  # a child killed by signal N exits 128+N, as in a shell
 
 
+def do_patch(args: argparse.Namespace) -> int:
+    """Implementation of 'patch': check, apply or revert the series on a checkout or an install."""
+    from . import patching
+
+    target = patching.repo_target(args.repo) if args.repo else patching.site_target()
+    if args.action == "check":
+        print(f"{target.label}: {patching.state(target)}")
+    else:
+        print((patching.apply if args.action == "apply" else patching.revert)(target))
+        if not args.repo:
+            print(f"note: {patching.SITE_NOTE}")
+    return OK
+
+
 def do_bench(args: argparse.Namespace) -> int:
     """Implementation of 'bench': hand the remaining arguments to the benchmark."""
     from . import bench
@@ -96,7 +112,7 @@ def do_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "doctor": do_doctor, "run": do_run, "bench": do_bench,
+    "doctor": do_doctor, "run": do_run, "bench": do_bench, "patch": do_patch,
 }
 
 
@@ -108,6 +124,11 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a command with the shim enabled: run -- ft serve ...")
     run.add_argument("--mode", help=f"mode for the command (default: {config.ENV_MODE} or auto)")
     run.add_argument("command", nargs=argparse.REMAINDER)
+    patch = sub.add_parser("patch", help="check, apply or revert the upstream patch series (patches/)")
+    patch.add_argument("action", choices=["check", "apply", "revert"])
+    where = patch.add_mutually_exclusive_group(required=True)
+    where.add_argument("--repo", metavar="PATH", help="a FreeToken git checkout (python/freetoken/...)")
+    where.add_argument("--site", action="store_true", help="the FreeToken installed in this environment")
     bench = sub.add_parser("bench", help="measure what the upload and each strategy cost on this GPU",
                            add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)

@@ -69,6 +69,9 @@ def check(graph: ModuleType, row_store: ModuleType | None) -> Compat:
     def verdict(patchable: bool, reason: str, level: int, deferred: bool = False, why: str = "") -> Compat:
         return Compat(version, path, patchable, reason, level, tested, deferred, why or reason)
 
+    if callable(getattr(graph, "_graph_upload_mode", None)):
+        return verdict(False, f"freetoken {version} carries the graph-upload patch series (FREETOKEN_GRAPH_UPLOAD): "
+                       "the shim stands down", logging.INFO)
     upload = getattr(graph, "_upload_graph", None)
     if not callable(upload):
         return verdict(False, f"freetoken {version} has no engine.graph._upload_graph: it never uploads "

@@ -13,7 +13,7 @@ import freetoken_graphfix  # noqa: E402
 from freetoken_graphfix import hooks  # noqa: E402
 
 from . import harness  # noqa: E402
-from .fakecuda import FakeCuda  # noqa: E402
+from .fakecuda import FakeCuda, wire  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,28 +41,34 @@ def clean_shim():
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch, clean_shim):
     """The fake device under FreeToken 0.2.1's real graph runner, row store and PLE table."""
-    import freetoken.engine.graph as graph
-    from freetoken.distributed.info import DistributedInfo
-    from freetoken.kernel import _row_store
-
     dev = FakeCuda()
-    monkeypatch.setattr(_row_store, "memop_wait_reset", dev.memop_wait_reset)
-    monkeypatch.setattr(graph, "_cu_graph_upload", lambda: dev.cu_graph_upload)
-    monkeypatch.setattr(graph, "get_free_memory", lambda device: 1 << 40)
-    monkeypatch.setattr(graph, "get_tp_info", lambda: DistributedInfo(0, dev.world))
-    ctx = harness.Ctx()
-    monkeypatch.setattr(graph, "get_global_ctx", lambda: ctx)
-    dev.ctx = ctx
-    cuda = torch.cuda
-    monkeypatch.setattr(cuda, "is_current_stream_capturing", dev.is_capturing)
-    monkeypatch.setattr(cuda, "current_stream", lambda *a, **k: dev.current)
-    monkeypatch.setattr(cuda, "stream", dev.stream)
-    monkeypatch.setattr(cuda, "CUDAGraph", dev.new_graph)
-    monkeypatch.setattr(cuda, "graph", lambda g, pool=None, stream=None: dev.capture(g, stream))
-    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
-        monkeypatch.setattr(cuda, name, lambda *a, **k: None)
+    wire(monkeypatch, dev)
     yield dev
     dev.halt.set()
+
+
+@pytest.fixture(scope="session")
+def freetoken_tree(tmp_path_factory, request):
+    """``freetoken_tree(version)``: a real release's ``freetoken/`` tree unpacked from its PyPI wheel
+    (cached across runs), in a fresh directory each call."""
+    import subprocess
+    import sys
+    import zipfile
+
+    cache = request.config.cache.mkdir("freetoken-wheels")
+
+    def get(version: str):
+        wheels = list(cache.glob(f"freetoken-{version}-*.whl"))
+        if not wheels:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                            "-d", str(cache), f"freetoken=={version}"], check=True)
+            wheels = list(cache.glob(f"freetoken-{version}-*.whl"))
+        root = tmp_path_factory.mktemp(f"freetoken-{version}")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            zf.extractall(root)
+        return root
+
+    return get
 
 
 @pytest.fixture

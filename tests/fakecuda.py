@@ -164,3 +164,29 @@ class FakeCuda:
     def cu_graph_upload(self, exec_handle: int, stream_handle: int) -> int:
         self.execs[exec_handle].uploaded = True
         return 0
+
+
+def wire(mp, dev: FakeCuda) -> None:
+    """Put ``dev`` under FreeToken: the driver-facing calls its graph runner and row store make.
+    ``mp`` is a ``pytest.MonkeyPatch``, which undoes it all."""
+    import freetoken.engine.graph as graph
+    import torch
+    from freetoken.distributed.info import DistributedInfo
+    from freetoken.kernel import _row_store
+
+    from .harness import Ctx
+
+    mp.setattr(_row_store, "memop_wait_reset", dev.memop_wait_reset)
+    mp.setattr(graph, "_cu_graph_upload", lambda: dev.cu_graph_upload)
+    mp.setattr(graph, "get_free_memory", lambda device: 1 << 40)
+    mp.setattr(graph, "get_tp_info", lambda: DistributedInfo(0, dev.world))
+    dev.ctx = Ctx()
+    mp.setattr(graph, "get_global_ctx", lambda: dev.ctx)
+    cuda = torch.cuda
+    mp.setattr(cuda, "is_current_stream_capturing", dev.is_capturing)
+    mp.setattr(cuda, "current_stream", lambda *a, **k: dev.current)
+    mp.setattr(cuda, "stream", dev.stream)
+    mp.setattr(cuda, "CUDAGraph", dev.new_graph)
+    mp.setattr(cuda, "graph", lambda g, pool=None, stream=None: dev.capture(g, stream))
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        mp.setattr(cuda, name, lambda *a, **k: None)

@@ -149,6 +149,7 @@ def test_doctor_tells_the_truth():
     assert lines["bootstrap .pth"].endswith(bootstrap.PTH_NAME)
     assert lines["new processes"].startswith("shim NOT installed: FT_GRAPH_UPLOAD is unset")
     assert sys.executable in lines["interpreters"] or os.path.realpath(sys.executable) in lines["interpreters"]
+    assert lines["patch series"].startswith("not applied (3 patches in ")
     off = run_cli("doctor", "--no-bench", env=child_env("off"))
     lines = dict(line.strip().split(": ", 1) for line in off.stdout.splitlines())
     assert lines["patched"] == "no: disabled (FT_GRAPH_UPLOAD=off)"

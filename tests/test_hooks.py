@@ -167,33 +167,16 @@ def test_failure_midway_leaves_nothing_patched(clean_shim, monkeypatch):
     assert "patching failed" in freetoken_graphfix.status()["reason"]
 
 
-@pytest.fixture(scope="session")
-def old_freetoken(tmp_path_factory, request):
-    """Real older releases from PyPI, unpacked beside the test venv (wheels cached across runs)."""
-    cache = request.config.cache.mkdir("freetoken-wheels")
-
-    def get(version: str) -> str:
-        target = tmp_path_factory.mktemp(f"freetoken-{version}")
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "-d", str(cache), f"freetoken=={version}"], check=True)
-        wheel = next(cache.glob(f"freetoken-{version}-*.whl"))
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                        "--target", str(target), str(wheel)], check=True)
-        return str(target)
-
-    return get
-
-
-def test_freetoken_013_has_nothing_to_patch(old_freetoken):
-    report, log = run_child("import freetoken_graphfix", pythonpath=old_freetoken("0.1.3"))
+def test_freetoken_013_has_nothing_to_patch(freetoken_tree):
+    report, log = run_child("import freetoken_graphfix", pythonpath=str(freetoken_tree("0.1.3")))
     st = report["status"]
     assert st["freetoken"]["version"] == "0.1.3" and report["upload"] == "NoneType"
     assert not st["patched"] and "has no engine.graph._upload_graph" in st["reason"]
     assert "INFO freetoken_graphfix not patched: freetoken 0.1.3 has no engine.graph._upload_graph" in log
 
 
-def test_freetoken_020_is_patched(old_freetoken):
-    report, _ = run_child("import freetoken_graphfix", pythonpath=old_freetoken("0.2.0"))
+def test_freetoken_020_is_patched(freetoken_tree):
+    report, _ = run_child("import freetoken_graphfix", pythonpath=str(freetoken_tree("0.2.0")))
     st = report["status"]
     assert st["freetoken"]["version"] == "0.2.0" and st["patched"] and st["freetoken"]["tested"]
     assert report["upload"] == "FunctionWrapper" and st["deferred"]["available"]
