@@ -255,6 +255,9 @@ def _on_upload_graph(wrapped: Callable[..., Any], instance: Any, args: tuple, kw
         if decision.action is Action.UPLOAD:
             wrapped(*args, **kwargs)
         elif decision.action is Action.WARM:
+            if _state.mode in (Mode.AUTO, Mode.DEFERRED):
+                logger.warning("graph %s cannot be deferred (%s); protected by a warm replay instead",
+                               name, decision.reason)
             _warm(graph, stream, waits, name, lambda: wrapped(*args, **kwargs))
         elif decision.action is Action.DEFERRED:
             record.first_launch = "pending"

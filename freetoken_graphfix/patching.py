@@ -116,19 +116,21 @@ def _write(target: Target, contents: dict[str, bytes]) -> None:
 
 
 def apply(target: Target) -> str:
-    if state(target) == "applied":
-        return f"the series is already applied to the {target.label}; nothing to do"
-    contents, _ = _run(target, reverse=False)
-    _write(target, contents)
-    return f"applied {len(series())} patches to the {target.label}"
+    return _move(target, reverse=False)
 
 
 def revert(target: Target) -> str:
-    if state(target) == "not applied":
-        return f"the series is not applied to the {target.label}; nothing to revert"
-    contents, _ = _run(target, reverse=True)
+    return _move(target, reverse=True)
+
+
+def _move(target: Target, reverse: bool) -> str:
+    if state(target) == ("not applied" if reverse else "applied"):
+        return (f"the series is not applied to the {target.label}; nothing to revert" if reverse
+                else f"the series is already applied to the {target.label}; nothing to do")
+    contents, _ = _run(target, reverse)
     _write(target, contents)
-    return f"reverted {len(series())} patches from the {target.label}"
+    verb, preposition = ("reverted", "from") if reverse else ("applied", "to")
+    return f"{verb} {len(series())} patches {preposition} the {target.label}"
 
 
 def describe_installed() -> str:

@@ -9,9 +9,7 @@ here, as ``ple_disk.py`` 145-222 sets them on CUDA in wait-sync mode.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -127,27 +125,6 @@ def make_runner(model: PleModel, stream, bs_list=(1, 2)):
                        max_seq_len=64, vocab_size=VOCAB, dummy_req=dummy)
 
 
-@contextlib.contextmanager
-def watchdog(flag: torch.Tensor, seconds: float) -> Iterator[threading.Event]:
-    """Release ``flag`` after ``seconds`` so a blocked launch is reported, not hung."""
-    from freetoken.kernel.row_store import signal
-
-    done, fired = threading.Event(), threading.Event()
-
-    def run() -> None:
-        if not done.wait(seconds):
-            fired.set()
-            signal(flag)
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    try:
-        yield fired
-    finally:
-        done.set()
-        th.join()
-
-
 class Step(SimpleNamespace):
     launch_s: float
     fired: bool
@@ -178,6 +155,9 @@ def make_batch(bs: int, seed: int):
 def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: int,
                 watchdog_s: float = 1.0) -> Step:
     """One decode step in FreeToken's serving order (engine.py 1272): forward_host_ctx around replay."""
+    # imported here, not at the top: tests/patched_run.py uses this module without the shim
+    from freetoken_graphfix.rig import watchdog  # releases the flag: a blocked launch is reported, not hung
+
     batch, runs = make_batch(bs, seed)
     with watchdog(table._flag, watchdog_s) as fired, fake.stream(runner.stream):
         t0 = time.perf_counter()

@@ -7,6 +7,8 @@ launch behind their WAIT, as measured on the H200).
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 import freetoken_graphfix
@@ -125,11 +127,14 @@ def test_model_bound_before_the_shim(fake, engine, clean_shim):
     assert not s.fired and s.ok
 
 
-def test_shadowed_host_fill_falls_back_to_warm(install, fake, engine):
+def test_shadowed_host_fill_falls_back_to_warm(install, fake, engine, caplog):
     table, _ = engine
     table.host_fill_batch = table.host_fill_batch  # an instance attribute the class patch cannot reach
     install("deferred")
-    runner = harness.make_runner(engine[1], fake.default)
+    with caplog.at_level(logging.WARNING, "freetoken_graphfix"):
+        runner = harness.make_runner(engine[1], fake.default)
+    assert ("graph bs=2 cannot be deferred (PLE wait-sync; cannot defer PLE wait-sync); "
+            "protected by a warm replay instead") in caplog.text
     recs = freetoken_graphfix.status()["passes"][0]["graphs"]
     assert [r["action"] for r in recs] == ["warm", "warm"]
     assert "cannot defer PLE wait-sync" in recs[0]["reason"]
