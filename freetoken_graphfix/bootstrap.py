@@ -33,6 +33,7 @@ def start() -> None:
             handler.setFormatter(logging.Formatter("[freetoken_graphfix pid=%(process)d] %(levelname)s %(message)s"))
             log.addHandler(handler)
             log.setLevel(logging.INFO)
+            log.propagate = False  # printed once, here, even where the program configures the root logger
     except Exception as exc:
         print(f"freetoken_graphfix: bootstrap failed, FreeToken left as it is: {exc!r}", file=sys.stderr)
 

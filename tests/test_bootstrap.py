@@ -155,3 +155,12 @@ def test_doctor_tells_the_truth():
     assert lines["patched"] == "no: disabled (FT_GRAPH_UPLOAD=off)"
     assert lines["new processes"] == (
         "shim NOT installed: FT_GRAPH_UPLOAD='off': shim disabled, FreeToken keeps its own upload")
+
+
+def test_bootstrap_logs_each_line_once():
+    """The shim's lines reach the engine's stderr once, whether or not the program configures logging."""
+    code = "import logging; logging.basicConfig(level=logging.INFO); import freetoken.engine.graph"
+    out = subprocess.run([sys.executable, "-c", code], env=child_env("auto"), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("INFO patched (mode auto): freetoken 0.2.1 holds the capture-time upload") == 1
