@@ -50,6 +50,16 @@ def environment() -> dict[str, str]:
             "date": date.today().isoformat()}
 
 
+def rotated(names: list[str], rep: int) -> list[str]:
+    """Arm order for pass ``rep``: each arm takes every position in turn, so none is always first."""
+    k = rep % len(names)
+    return names[k:] + names[:k]
+
+
+def last_stderr_line(proc: subprocess.CompletedProcess) -> str:
+    return (proc.stderr.strip().splitlines() or ["no output"])[-1]
+
+
 def progress(iterable: Iterable, total: int, desc: str) -> Iterable:
     try:
         from tqdm import tqdm
@@ -169,7 +179,7 @@ def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
                     launch(arm, bs)
                     stream.synchronize()
         for rep in progress(range(opts.reps), opts.reps, "interleaved replays"):
-            for arm in names[rep % len(names):] + names[: rep % len(names)]:
+            for arm in rotated(names, rep):
                 for bs in bs_list:
                     start.record(stream)
                     launch(arm, bs)
@@ -194,7 +204,7 @@ def gaps_from_child(opts: argparse.Namespace) -> tuple[dict[str, Any], str]:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                               env={**os.environ, "FT_GRAPH_UPLOAD": "off"})  # the child installs per arm
         if proc.returncode != 0 or not os.path.exists(out):
-            return {}, "CUPTI child failed: " + ((proc.stderr.strip().splitlines() or ["no output"])[-1])
+            return {}, "CUPTI child failed: " + last_stderr_line(proc)
         with open(out) as fh:
             got = json.load(fh)
         return got["gaps"], got["note"]
@@ -221,7 +231,7 @@ def profile_gaps(names: list[str], bs: int, launch: Any, stream: Any, reps: int)
     order: list[str] = []
     with torch.cuda.stream(stream), profile(activities=[ProfilerActivity.CUDA]) as prof:
         for rep in range(reps + 1):
-            for arm in names[rep % len(names):] + names[: rep % len(names)]:
+            for arm in rotated(names, rep):
                 launch(arm, bs)
                 stream.synchronize()
                 order.append(arm)
@@ -252,9 +262,8 @@ def host_overhead(rig: Any, runner: Any, blocks: int = 20, per_block: int = 25) 
             gc.collect()
             for i in range(per_block):
                 batch = rig.batch(bs, seed=i)
-                host = rig.table.forward_host_ctx(batch, True) if rig.table is not None else _null()
                 t0 = time.perf_counter()
-                with torch.cuda.stream(rig.stream), rig.ctx.forward_batch(batch), host:
+                with torch.cuda.stream(rig.stream), rig.ctx.forward_batch(batch), rig.host_ctx(batch):
                     runner.replay(batch)
                 times[arm].append(1e6 * (time.perf_counter() - t0))
                 rig.stream.synchronize()
@@ -262,12 +271,6 @@ def host_overhead(rig: Any, runner: Any, blocks: int = 20, per_block: int = 25) 
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"step_host_us": {k: summary(v) for k, v in times.items()},
             "ratio": med["shim installed"] / med["shim uninstalled"], "armed_hook_us": armed_hook_cost()}
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def armed_hook_cost(calls: int = 20000) -> float:
@@ -389,7 +392,7 @@ def deadlock_matrix(opts: argparse.Namespace) -> tuple[list[dict[str, Any]], str
             rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         except (IndexError, json.JSONDecodeError):
             rows.append({"strategy": arm, "kernels": kernels, "streams": streams,
-                         "error": (proc.stderr.strip().splitlines() or ["no output"])[-1]})
+                         "error": last_stderr_line(proc)})
         print("probe", json.dumps(rows[-1]), file=sys.stderr, flush=True)
     lines = [f"{'kernels':>8} {'streams':>7} " + " ".join(f"{a:>16}" for a in opts.strategies)]
     for kernels in opts.matrix_kernels:

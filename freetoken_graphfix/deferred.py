@@ -102,11 +102,7 @@ class FirstLaunchGuard:
     def disarm(self) -> None:
         """Remove the hooks, restoring the exact original class attributes."""
         while self._armed:
-            cls, name, original, ours = self._armed.pop()
-            if vars(cls).get(name) is ours:
-                setattr(cls, name, original)
-            else:
-                logger.warning("%s.%s was re-patched by someone else; left as it is", cls.__qualname__, name)
+            restore(*self._armed.pop())
 
     def forget(self) -> None:
         """Drop every mark (the graphs are being destroyed) and remove the hooks."""
@@ -192,6 +188,15 @@ class FirstLaunchGuard:
         if errors:
             raise errors[0]  # the flag was released by FreeToken's own error path; output discarded
         return out
+
+
+def restore(owner: Any, name: str, original: Any, ours: Any) -> None:
+    """Put ``original`` back as ``owner.name``, unless someone re-patched it on top of ``ours``."""
+    if vars(owner).get(name) is ours:
+        setattr(owner, name, original)
+    else:
+        logger.warning("%s.%s was re-patched by someone else; left as it is",
+                       getattr(owner, "__qualname__", getattr(owner, "__name__", owner)), name)
 
 
 def _defining_class(cls: type, name: str) -> type:

@@ -28,7 +28,7 @@ import wrapt
 from . import config
 from .compat import GRAPH_MODULE, ROW_STORE_MODULE, Compat, check, freetoken_version
 from .config import Mode
-from .deferred import FirstLaunchGuard
+from .deferred import FirstLaunchGuard, restore
 from .detect import WaitRecorder, caller_frame, wait_from_caller
 from .device import CudaDevice, Device
 from .errors import WarmReplayError
@@ -72,7 +72,7 @@ class _State:
         self.device: Device = CudaDevice()
         self.warm_timeout_s = config.WARM_TIMEOUT_S
         self.compat: Compat | None = None
-        self.patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+        self.patches: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, original, our wrapper)
         self.recorder = WaitRecorder()
         self.passes: list[CapturePass] = []
         self.current: CapturePass | None = None
@@ -194,18 +194,12 @@ def _on_graph_import(graph: ModuleType) -> None:
 def _wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
     original = vars(owner)[name]
     wrapt.wrap_function_wrapper(owner, name, wrapper)
-    _state.patches.append((owner, name, original))
+    _state.patches.append((owner, name, original, vars(owner)[name]))
 
 
 def _unwrap_all() -> None:
     while _state.patches:
-        owner, name, original = _state.patches.pop()
-        current = vars(owner).get(name)
-        if isinstance(current, wrapt.FunctionWrapper) and current.__wrapped__ is original:
-            setattr(owner, name, original)
-        else:
-            logger.warning("%s.%s was re-patched by someone else; left as it is",
-                           getattr(owner, "__name__", owner), name)
+        restore(*_state.patches.pop())
 
 
 # ---------------------------------------------------------------- wrappers

@@ -160,13 +160,16 @@ class Rig:
         batch.out_loc = None
         return batch
 
+    def host_ctx(self, batch: Any) -> Any:
+        """What the engine enters around every graph dispatch (engine.py 1272): the table's fill."""
+        return self.table.forward_host_ctx(batch, True) if self.table is not None else contextlib.nullcontext()
+
     def step(self, runner: Any, bs: int, seed: int, watchdog_s: float = 4.0) -> StepResult:
         """One decode step in FreeToken's serving order (engine.py 1272), with a releasing watchdog."""
         batch = self.batch(bs, seed)
-        host = self.table.forward_host_ctx(batch, True) if self.table is not None else contextlib.nullcontext()
         with watchdog(self.table._flag if self.table is not None else None, watchdog_s) as fired:
             t0 = time.perf_counter()
-            with torch.cuda.stream(self.stream), self.ctx.forward_batch(batch), host:
+            with torch.cuda.stream(self.stream), self.ctx.forward_batch(batch), self.host_ctx(batch):
                 logits = runner.replay(batch)
             launch_ms = 1e3 * (time.perf_counter() - t0)
             self.stream.synchronize()
