@@ -71,6 +71,7 @@ def classify(owner: Any, caller: str) -> tuple[str, Release, bool]:
 
 
 _OWN_FRAMES = ("freetoken_graphfix.hooks", "freetoken_graphfix.detect")
+_SEARCH_DEPTH = 8  # frames looked through for the owner: enough for a few interposed wrappers
 
 
 def caller_frame() -> FrameType:
@@ -84,13 +85,38 @@ def caller_frame() -> FrameType:
     return frame
 
 
+def outer_frames(depth: int = _SEARCH_DEPTH) -> list[FrameType]:
+    """The caller's frame and up to ``depth - 1`` frames outside it, innermost first.
+
+    Looked through, not just the caller's, because another tool (a profiler, a tracer, a
+    user's counter) may wrap ``wait_reset`` or ``_upload_graph`` on top of the shim.
+    """
+    frames: list[FrameType] = []
+    frame: FrameType | None = caller_frame()
+    while frame is not None and len(frames) < depth:
+        frames.append(frame)
+        frame = frame.f_back
+    return frames
+
+
 def wait_from_caller(flag: Any) -> Wait:
     """Build the :class:`Wait` record for a ``wait_reset(stream, flag)`` call seen by the hook."""
-    frame = caller_frame()
-    owner = frame.f_locals.get("self")
-    caller = f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}"
-    kind, release, deferrable = classify(owner, caller)
-    return Wait(flag, owner, kind, release, deferrable)
+    frames = outer_frames()
+    caller = f"{frames[0].f_globals.get('__name__', '?')}.{frames[0].f_code.co_name}"
+    for frame in frames:  # the nearest known owner, even with wrappers in between
+        owner = frame.f_locals.get("self")
+        kind, release, deferrable = classify(owner, caller)
+        if not kind.startswith("unknown"):
+            return Wait(flag, owner, kind, release, deferrable)
+    return Wait(flag, frames[0].f_locals.get("self"), *classify(None, caller))
+
+
+def capture_batch_size() -> int | None:
+    """The ``bs`` of FreeToken's capture loop (``graph.py`` 200), when ``_capture_graphs`` is calling."""
+    for frame in outer_frames():
+        if frame.f_code.co_name == "_capture_graphs" and isinstance(frame.f_locals.get("bs"), int):
+            return frame.f_locals["bs"]
+    return None
 
 
 class WaitRecorder:

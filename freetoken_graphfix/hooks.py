@@ -29,7 +29,7 @@ from . import config
 from .compat import GRAPH_MODULE, ROW_STORE_MODULE, Compat, check, freetoken_version
 from .config import Mode
 from .deferred import FirstLaunchGuard, restore
-from .detect import WaitRecorder, caller_frame, wait_from_caller
+from .detect import WaitRecorder, capture_batch_size, wait_from_caller
 from .device import CudaDevice, Device
 from .errors import WarmReplayError
 from .strategies import Action, decide, warm_replay
@@ -235,8 +235,8 @@ def _on_upload_graph(wrapped: Callable[..., Any], instance: Any, args: tuple, kw
         capture = CapturePass(len(_state.passes), "direct _upload_graph call", done=True)
         _state.passes.append(capture)
     index = len(capture.graphs)
-    bs = caller_frame().f_locals.get("bs")
-    name = f"bs={bs}" if isinstance(bs, int) else f"graph #{index}"
+    bs = capture_batch_size()
+    name = f"bs={bs}" if bs is not None else f"graph #{index}"
     waits = _state.recorder.drain()
     compat = _state.compat
     defer_unavailable = None if (compat and compat.deferred) else (

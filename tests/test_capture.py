@@ -122,6 +122,34 @@ def test_a_failed_capture_does_not_leak_its_waits(install, fake, engine, monkeyp
     assert [g["action"] for g in last["graphs"]] == ["no-op", "no-op"]
 
 
+def test_wrappers_stacked_on_the_shim_change_nothing(install, fake, engine, monkeypatch):
+    """Another tool's wrappers over wait_reset and _upload_graph (a profiler, a counter) sit between
+    FreeToken's frames and the shim's hooks: the owner and the capture loop's bs are still found."""
+    import freetoken.engine.graph as engine_graph
+    from freetoken.kernel import row_store
+
+    _, model = engine
+    install("auto")
+    calls = []
+    wait_reset, upload = row_store.wait_reset, engine_graph._upload_graph
+
+    def counting_wait_reset(stream, flag):
+        calls.append("wait_reset")
+        return wait_reset(stream, flag)
+
+    def timing_upload(graph, stream):
+        calls.append("upload")
+        return upload(graph, stream)
+
+    with monkeypatch.context() as mp:  # undone before the shim is uninstalled, in stacking order
+        mp.setattr(row_store, "wait_reset", counting_wait_reset)
+        mp.setattr(engine_graph, "_upload_graph", timing_upload)
+        capture(fake, model)
+    assert calls.count("upload") == 2 and calls.count("wait_reset") >= 2
+    assert graphs_of(freetoken_graphfix.status()) == [("bs=2", "deferred", "PLE wait-sync"),
+                                                       ("bs=1", "deferred", "PLE wait-sync")]
+
+
 def test_unknown_owner_is_protected(install, fake):
     """A WAIT enqueued by something the shim does not know is treated as released after the launch."""
     import torch
