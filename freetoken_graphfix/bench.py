@@ -21,6 +21,7 @@ from datetime import date
 from typing import Any
 
 STRATEGIES = ("upload", "skip", "warm", "deferred", "auto")
+ENGINE_ARMS = ("upstream", "pre-697", "auto", "upload", "warm", "deferred", "skip")
 OK, ERR = 0, 1
 
 
@@ -381,19 +382,27 @@ def probe(opts: argparse.Namespace) -> dict[str, Any]:
 
 
 def deadlock_matrix(opts: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
-    rows = []
-    cases = [(k, s, arm) for k in opts.matrix_kernels for s in (1, 4) for arm in opts.strategies]
-    for kernels, streams, arm in progress(cases, len(cases), "deadlock probes"):
+    """Every (kernels, streams, strategy) case in its own process, ``opts.jobs`` at a time. A blocked
+    case shows as a launch the watchdog released, so concurrent cases cannot hide one; their
+    first-launch times are less precise than in a sequential run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run_case(case: tuple[int, int, str]) -> dict[str, Any]:
+        kernels, streams, arm = case
         cmd = [sys.executable, "-m", "freetoken_graphfix", "bench", "--probe", "--strategy", arm,
                "--kernels", str(kernels), "--streams", str(streams), "--watchdog", str(opts.watchdog)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                               env={**os.environ, "FT_GRAPH_UPLOAD": arm})
         try:
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
-            rows.append({"strategy": arm, "kernels": kernels, "streams": streams,
-                         "error": last_stderr_line(proc)})
-        print("probe", json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            row = {"strategy": arm, "kernels": kernels, "streams": streams, "error": last_stderr_line(proc)}
+        print("probe", json.dumps(row), file=sys.stderr, flush=True)
+        return row
+
+    cases = [(k, s, arm) for k in opts.matrix_kernels for s in (1, 4) for arm in opts.strategies]
+    with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
+        rows = list(progress(pool.map(run_case, cases), len(cases), "deadlock probes"))
     lines = [f"{'kernels':>8} {'streams':>7} " + " ".join(f"{a:>16}" for a in opts.strategies)]
     for kernels in opts.matrix_kernels:
         for streams in (1, 4):
@@ -451,6 +460,13 @@ def startup(runs: int) -> tuple[dict[str, Any], str]:
 
 # ---------------------------------------------------------------- entry point
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: accepted values are whole numbers of 1 or more")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m freetoken_graphfix bench", description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", type=int, default=1090, help="small kernels per graph (default 1090)")
@@ -467,8 +483,20 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--short", action="store_true", help="the quick form doctor runs")
     ap.add_argument("--deadlock", action="store_true", help="first-launch probe matrix, a subprocess per case")
     ap.add_argument("--matrix-kernels", type=int, nargs="+", default=[1000, 8000, 32000, 64000])
+    ap.add_argument("--jobs", type=positive, default=1, help="--deadlock cases run at once (default 1)")
     ap.add_argument("--startup", action="store_true", help="interpreter start-up with and without the .pth")
     ap.add_argument("--startup-runs", type=int, default=200)
+    engine = ap.add_argument_group("--engine: every mode in FreeToken's real engine (synthetic qwen4_exp)")
+    engine.add_argument("--engine", action="store_true", help="run the real-engine comparison")
+    engine.add_argument("--layers", type=int, nargs="+", default=[48], help="model sizes (default 48)")
+    engine.add_argument("--tokens", type=int, default=64, help="greedy tokens per request (default 64)")
+    engine.add_argument("--arms", nargs="+", default=list(ENGINE_ARMS), choices=ENGINE_ARMS)
+    engine.add_argument("--rounds", type=int, default=1, help="runs of every arm, in rotated order (default 1)")
+    engine.add_argument("--replays", type=int, default=200, help="timed replays of each engine graph (default 200)")
+    engine.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help="no unrecorded warm-up run (kernel compilation then lands on the first arm)")
+    engine.add_argument("--hang-timeout", type=float, default=300.0, help="seconds before an engine run is killed")
+    engine.add_argument("--logs", metavar="DIR", help="keep each engine process's log here")
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--gaps-child", metavar="PATH", help=argparse.SUPPRESS)
     ap.add_argument("--strategy", default="auto", choices=STRATEGIES, help=argparse.SUPPRESS)
@@ -488,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: no CUDA device; nothing to measure (use --startup for the start-up benchmark)",
               file=sys.stderr)
         return ERR
+    if opts.engine:
+        from . import engine_bench
+
+        return engine_bench.main(opts)
     if opts.probe:
         print(json.dumps(probe(opts)))
         return OK

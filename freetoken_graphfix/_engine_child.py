@@ -1,0 +1,222 @@
+"""One arm of ``bench --engine``: FreeToken's real offline engine in this fresh process.
+
+Run by path (``python _engine_child.py SPEC.json``), never imported, and it imports nothing of
+freetoken_graphfix: the shim must reach this process the way it reaches a user's engine, through
+its ``.pth`` bootstrap and ``FT_GRAPH_UPLOAD``. What it adds is instrumentation only: timing
+wrappers on ``_upload_graph`` and ``GraphRunner._capture_graphs``, a WAIT counter on
+``row_store.wait_reset``, CUDA events around ``Engine.forward_batch`` and a launch watchdog that
+releases the PLE flag when a graph launch blocks, so a deadlock is reported instead of hanging.
+Prints one ``GRAPHFIX_ENGINE_RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from importlib import metadata
+
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)  # run by path: the package directory must not shadow top-level modules
+
+RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
+
+
+class LaunchWatchdog:
+    """Polls the launch in progress; one that has been inside the launch call for ``seconds`` is
+    blocked behind its own WAIT, so release the WAIT's flag the way the fill would. Polling keeps
+    the per-step cost to two attribute stores (a thread per step would add to the step time)."""
+
+    def __init__(self, flag, seconds: float) -> None:
+        self.flag, self.seconds = flag, seconds
+        self.started: float | None = None  # perf_counter() when the launch in progress began
+        self.fired = 0
+        threading.Thread(target=self._run, name="graphfix-launch-watchdog", daemon=True).start()
+
+    def _run(self) -> None:
+        from freetoken.kernel.row_store import signal
+
+        while True:
+            time.sleep(0.05)
+            started = self.started
+            if started is not None and self.flag is not None and time.perf_counter() - started > self.seconds:
+                self.started = None
+                self.fired += 1
+                signal(self.flag)  # a plain host store: safe from any thread
+
+
+def time_replays(runner, stream, flag, reps: int) -> dict[str, list[float]]:
+    """GPU ms of each of the engine's own graphs alone, after the run: bs interleaved, the WAIT
+    released just before each launch. The decode step is host-bound (the scheduler, the fill), so
+    its CUDA-event time mostly measures the host; this measures the graph as uploaded or not."""
+    import torch
+    from freetoken.kernel.row_store import signal
+
+    out: dict[str, list[float]] = {str(bs): [] for bs in runner.graph_map}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        for rep in range(reps + 3):  # the first 3 are warm-up
+            for bs, graph in runner.graph_map.items():
+                if flag is not None:
+                    flag.zero_()  # exactly one release per launch
+                    signal(flag)
+                start.record(stream)
+                graph.replay()
+                end.record(stream)
+                end.synchronize()
+                if rep >= 3:
+                    out[str(bs)].append(start.elapsed_time(end))
+    return out
+
+
+def main(spec_path: str) -> None:
+    with open(spec_path) as fh:
+        spec = json.load(fh)
+    os.environ["FREETOKEN_PLE_SYNC"] = "wait"  # read by DiskRowTable.__init__ inside Engine.__init__
+    faulthandler.dump_traceback_later(spec["hang_timeout_s"], exit=True)  # never hang the bench
+
+    import freetoken.engine.graph as graph_mod
+    import torch
+    from freetoken.core import SamplingParams
+    from freetoken.kernel import row_store
+    from freetoken.llm import LLM
+    from freetoken.mm.config import ENCODER_KINDS, MultimodalConfig
+
+    assert not torch.cuda.is_initialized(), "Engine.__init__ must initialise CUDA itself"
+
+    # GraphRunner._capture_graphs looks _upload_graph up as a module global (graph.py 222) and
+    # ple_disk imports wait_reset at each lookup: module attributes are the seams, as for the shim.
+    # A FreeToken carrying patches/ calls _protect_graph there instead (per graph, by its mode).
+    seam = "_protect_graph" if hasattr(graph_mod, "_protect_graph") else "_upload_graph"
+    upload_ms: list[float] = []
+    upload = getattr(graph_mod, seam)  # the shim's wrapper when its bootstrap ran here
+
+    def timed_upload(*args, **kwargs) -> None:
+        t0 = time.perf_counter()
+        if not spec["no_upload"]:
+            upload(*args, **kwargs)
+        upload_ms.append(1e3 * (time.perf_counter() - t0))
+
+    setattr(graph_mod, seam, timed_upload)
+    captured_waits = [0]
+    wait_reset = row_store.wait_reset
+
+    def counting_wait_reset(stream, flag):
+        captured_waits[0] += torch.cuda.is_current_stream_capturing()
+        return wait_reset(stream, flag)
+
+    row_store.wait_reset = counting_wait_reset
+    capture_ms: list[float] = []
+    runner_cls = graph_mod.GraphRunner
+    capture = runner_cls._capture_graphs
+
+    def timed_capture(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return capture(self, *args, **kwargs)
+        finally:
+            capture_ms.append(1e3 * (time.perf_counter() - t0))
+
+    runner_cls._capture_graphs = timed_capture
+
+    t0 = time.perf_counter()
+    mm = MultimodalConfig(disabled_encoders=frozenset(ENCODER_KINDS))  # text only
+    llm = LLM(spec["model_dir"], dtype=torch.bfloat16, mm=mm, **spec["engine"])
+    build_s = time.perf_counter() - t0
+    eng, runner = llm.engine, llm.engine.graph_runner
+    table = getattr(eng.model, "_ple_table", None)
+    flag = getattr(table, "_flag", None)
+    dog = LaunchWatchdog(flag, spec["watchdog_s"])
+    launches: list[tuple[int, float]] = []  # (bs, host ms of the replay call)
+    steps: list[dict] = []
+    fires: list[dict] = []
+    seen_bs: set[int] = set()
+
+    def replay(batch):  # instance attribute; the class attribute is looked up per call (deferred hooks)
+        t = dog.started = time.perf_counter()
+        try:
+            return runner_cls.replay(runner, batch)
+        finally:
+            dog.started = None
+            launches.append((batch.padded_size, 1e3 * (time.perf_counter() - t)))
+
+    forward = eng.forward_batch
+
+    def forward_batch(batch, args):  # instance attribute: the scheduler calls self.engine.forward_batch
+        on_graph = runner.can_use_cuda_graph(batch)
+        bs = batch.padded_size if on_graph else batch.size
+        fired_before = dog.fired
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(eng.stream)
+        t = time.perf_counter()
+        out = forward(batch, args)
+        host_ms = 1e3 * (time.perf_counter() - t)
+        end.record(eng.stream)
+        if dog.fired > fired_before:
+            # the watchdog and then the fill each released this step's WAIT: drop the surplus, or
+            # every later WAIT would pass before its own fill (stale rows)
+            eng.stream.synchronize()
+            fires.append({"step": len(steps), "bs": bs, "flag_after": int(flag[0])})
+            flag.zero_()
+        kind = "graph" if on_graph else ("decode" if batch.is_decode else "prefill")
+        steps.append({"kind": kind, "bs": bs, "first": on_graph and bs not in seen_bs, "events": (start, end),
+                      "host_ms": host_ms})
+        seen_bs.update([bs] if on_graph else [])
+        return out
+
+    runner.replay, eng.forward_batch = replay, forward_batch
+    params = SamplingParams(temperature=0.0, max_tokens=spec["tokens"], ignore_eos=True)
+    prompts = spec["prompts"]
+    outs = llm.generate(prompts[:2], params) + llm.generate(prompts[2:], params)  # bs 2, then bs 1
+    torch.cuda.synchronize()
+
+    for step in steps:
+        begin, finish = step.pop("events")
+        step["gpu_ms"] = begin.elapsed_time(finish)
+    warm: dict[str, list[dict]] = {}  # per bs: the graph steps after each graph's first
+    for s in steps:
+        if s["kind"] == "graph" and not s["first"]:
+            warm.setdefault(str(s["bs"]), []).append(s)
+    first_launch: dict[str, float] = {}
+    for bs, ms in launches:
+        first_launch.setdefault(str(bs), ms)
+    token_ids = [o["token_ids"] for o in outs]
+    shim = sys.modules.get("freetoken_graphfix")  # observed, never imported here
+    result = {
+        "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+        "freetoken": metadata.version("freetoken"),
+        "freetoken_patched": hasattr(graph_mod, "_graph_upload_mode"),  # patches/ applied
+        "freetoken_graph_upload": os.environ.get("FREETOKEN_GRAPH_UPLOAD"),
+        "table": type(table).__name__, "wait_sync": bool(getattr(table, "_wait_sync", False)),
+        "fill_worker": getattr(table, "_worker", None) is not None,
+        "graph_bs": sorted(runner.graph_map), "captured_waits": captured_waits[0],
+        "capture_ms": capture_ms, "upload_ms": upload_ms, "build_s": build_s,
+        "steps": {k: sum(s["kind"] == k for s in steps) for k in ("prefill", "decode", "graph")},
+        "fires": fires, "first_launch_ms": first_launch,
+        "max_launch_ms": max((ms for _, ms in launches), default=None),
+        "first_step_gpu_ms": {str(s["bs"]): s["gpu_ms"] for s in steps if s["first"]},
+        "step_gpu_ms": {bs: [round(s["gpu_ms"], 5) for s in ss] for bs, ss in warm.items()},
+        "step_host_ms": {bs: [round(s["host_ms"], 5) for s in ss] for bs, ss in warm.items()},
+        "tokens": [len(t) for t in token_ids],
+        "token_hash": hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:16],
+        "shim": None if shim is None else {k: v for k, v in shim.status().items() if k != "freetoken"},
+    }
+    try:
+        replays = time_replays(runner, eng.stream, flag, spec["replays"])
+        result["replay_gpu_ms"] = {bs: [round(t, 5) for t in ts] for bs, ts in replays.items()}
+    except Exception as exc:  # report the run's figures even so
+        result["replay_error"] = repr(exc)
+    faulthandler.cancel_dump_traceback_later()
+    print(RESULT_TAG + json.dumps(result), flush=True)
+    try:
+        llm.shutdown()
+    except Exception as exc:  # the result is out; a teardown error must not hide it
+        print(f"shutdown: {exc!r}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,133 @@
+"""``bench --engine`` on CPU: the synthetic model against FreeToken 0.2.1's own loaders, the arms'
+environments, and the verdicts drawn from engine results. The engine runs are in test_engine_gpu."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from freetoken_graphfix import config, engine_bench
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("engine-model")
+    return str(folder), engine_bench.build_model_dir(str(folder), layers=8)
+
+
+def test_model_dir_loads_through_freetokens_own_readers(model_dir):
+    from freetoken.models.qwen4_exp.ple_disk import resolve_row_source
+    from freetoken.models.weight import load_weight
+
+    folder, built = model_dir
+    want = {k: (tuple(v.shape), v.dtype) for k, v in built["model"].state_dict().items()}
+    got = {k: (tuple(v.shape), v.dtype) for k, v in
+           load_weight(folder, torch.device("cpu"), include_moe_experts=False, include_vision=False)}
+    assert got == want  # FTW names, shapes and dtypes are exactly the model's state dict
+    sc = built["config"]
+    assert {g.name: g.layer_ids for g in sc.model_config.attention_groups}["full"] == (3, 7)
+    assert (sc.attention_backend, sc.moe_strategy, sc.cuda_graph_bs) == ("qsa_sparse", "fused", [1, 2])
+    src = resolve_row_source(folder)  # the disk PLE backend's view of the table
+    assert (src.total_rows, src.scale) == (built["rows"] * len(built["shards"]), engine_bench.PLE_SCALE)
+
+
+def test_model_dir_is_seeded(model_dir, tmp_path):
+    folder, _ = model_dir
+    engine_bench.build_model_dir(str(tmp_path), layers=8)
+    for name in ("freetoken-00000.ftw", "ple-table-00000.safetensors"):
+        with open(os.path.join(folder, name), "rb") as a, open(tmp_path / name, "rb") as b:
+            assert a.read() == b.read(), name
+
+
+def test_too_few_layers_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="layers=3: need at least 4"):
+        engine_bench.build_model_dir(str(tmp_path), layers=3)
+
+
+def test_only_shim_arms_get_the_variable(monkeypatch):
+    monkeypatch.setenv(config.ENV_MODE, "auto")  # what import exported in the bench's own process
+    assert config.ENV_MODE not in engine_bench.arm_env("upstream")
+    assert config.ENV_MODE not in engine_bench.arm_env("pre-697")
+    assert engine_bench.arm_env("warm")[config.ENV_MODE] == "warm"
+
+
+def test_child_never_imports_the_package():
+    """The engine process must get the shim from the bootstrap alone, as a user's engine does: the
+    child script imports nothing of freetoken_graphfix, anywhere in it."""
+    import ast
+
+    tree = ast.parse(engine_bench.CHILD.read_text())
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    imported += [("." * node.level) + (node.module or "") for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom)]
+    assert imported and not [m for m in imported if m.startswith((".", "freetoken_graphfix"))]
+
+
+def result(**over):
+    """An engine child's result line, as _engine_child.py prints it."""
+    r = {"freetoken": "0.2.1", "table": "DiskRowTable", "wait_sync": True, "fill_worker": False, "graph_bs": [1, 2],
+         "captured_waits": 2, "steps": {"prefill": 2, "decode": 0, "graph": 90}, "fires": [],
+         "first_launch_ms": {"2": 0.4, "1": 0.3}, "capture_ms": [900.0], "upload_ms": [1.0, 0.9],
+         "step_gpu_ms": {"2": [3.3, 3.31, 3.29], "1": [3.0, 3.0]}, "replay_gpu_ms": {"2": [1.5, 1.5], "1": [1.2]},
+         "token_hash": "aaaa", "shim": None}
+    r.update(over)
+    return r
+
+
+def shim(mode, action):
+    return {"mode": mode, "patched": True, "reason": "ok",
+            "passes": [{"graphs": [{"action": action}, {"action": action}]}]}
+
+
+def test_a_shim_arm_without_the_shim_is_a_problem():
+    problems = engine_bench.arm_problems("auto", result())
+    assert problems and "did not reach the engine process" in problems[0] and ".pth" in problems[0]
+    assert engine_bench.arm_problems("auto", result(shim=shim("auto", "deferred"))) == []
+    assert "expected action warm" in engine_bench.arm_problems("warm", result(shim=shim("warm", "upload")))[0]
+    assert "leaked" in engine_bench.arm_problems("upstream", result(shim=shim("auto", "deferred")))[0]
+    assert "not in CUDA wait-sync" in engine_bench.arm_problems("upstream", result(wait_sync=False))[0]
+
+
+def record(**arms):
+    runs = {arm: [dict(r, problems=engine_bench.arm_problems(arm, r))] for arm, r in arms.items()}
+    env = {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"}
+    return {"layers": 320, "tokens": 32, "rounds": 1, "env": env, "runs": runs,
+            "summary": engine_bench.summarise(runs)}
+
+
+def test_verdicts():
+    clean = record(upstream=result(), **{"pre-697": result(fires=[{"step": 2}], token_hash="bbbb")},
+                   auto=result(shim=shim("auto", "deferred")))
+    assert engine_bench.failures(clean) == []
+    text = engine_bench.render(clean)
+    assert "pre-697 BLOCKED (watchdog fired)" in text and "safety: every protected arm" in text
+    blocked = record(upstream=result(), auto=result(shim=shim("auto", "deferred"), fires=[{"step": 2}]))
+    assert engine_bench.failures(blocked) == ["auto: the watchdog released 1 blocked launch(es)"]
+    drifted = record(upstream=result(), warm=result(shim=shim("warm", "warm"), token_hash="cccc"))
+    assert engine_bench.failures(drifted) == ["warm: tokens ['cccc'] differ from upstream's"]
+    assert "FAILED" in engine_bench.render(drifted)
+    patched_never = record(upstream=result(upload_ms=[], freetoken_patched=True, freetoken_graph_upload="never"))
+    assert "PATCHED (FREETOKEN_GRAPH_UPLOAD=never)" in engine_bench.render(patched_never)  # no graph protected
+
+
+def test_gpu_time_is_compared_with_the_never_uploaded_arm():
+    slow = copy.deepcopy(result(shim=shim("auto", "deferred")))
+    slow["replay_gpu_ms"] = {"2": [1.65, 1.65], "1": [1.2]}  # bs 2 10% slower, bs 1 the same
+    rec = record(upstream=result(), skip=result(shim=shim("skip", "exposed")), auto=slow)
+    assert rec["summary"]["auto"]["replay_gpu_vs_never_uploaded"] == pytest.approx(1.05)
+    assert rec["summary"]["auto"]["step_gpu_vs_never_uploaded"] == 1.0
+    assert rec["summary"]["skip"]["replay_gpu_vs_never_uploaded"] == 1.0
+    assert list(rec["summary"]["auto"]["step_gpu_ms"]) == ["2", "1"]  # largest bs first
+
+
+def test_engine_needs_a_gpu_here():
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine"], capture_output=True,
+                         text=True)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert out.returncode == 1 and "no CUDA device" in out.stderr
