@@ -489,10 +489,10 @@ def parser() -> argparse.ArgumentParser:
     engine = ap.add_argument_group("--engine: every mode in FreeToken's real engine (synthetic qwen4_exp)")
     engine.add_argument("--engine", action="store_true", help="run the real-engine comparison")
     engine.add_argument("--layers", type=int, nargs="+", default=[48], help="model sizes (default 48)")
-    engine.add_argument("--tokens", type=int, default=64, help="greedy tokens per request (default 64)")
+    engine.add_argument("--tokens", type=positive, default=64, help="greedy tokens per request (default 64)")
     engine.add_argument("--arms", nargs="+", default=list(ENGINE_ARMS), choices=ENGINE_ARMS)
-    engine.add_argument("--rounds", type=int, default=1, help="runs of every arm, in rotated order (default 1)")
-    engine.add_argument("--replays", type=int, default=200, help="timed replays of each engine graph (default 200)")
+    engine.add_argument("--rounds", type=positive, default=1, help="runs of every arm, in rotated order (default 1)")
+    engine.add_argument("--replays", type=positive, default=200, help="timed replays per engine graph (default 200)")
     engine.add_argument("--no-warmup", dest="warmup", action="store_false",
                         help="no unrecorded warm-up run (kernel compilation then lands on the first arm)")
     engine.add_argument("--hang-timeout", type=float, default=300.0, help="seconds before an engine run is killed")

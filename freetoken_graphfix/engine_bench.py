@@ -173,7 +173,7 @@ def build_model_dir(folder: str, layers: int, seed: int = 1234) -> dict[str, Any
     writer.finalize({"source_model_path": "synthetic (freetoken_graphfix bench --engine)", "fingerprint": None,
                      "quant_format": "bf16", "layer_quant_formats": None,
                      "expert_bank_num_layers": mc.num_moe_layers, "side_files": ["ple-table-00000.safetensors"]})
-    return {"config": sc, "model": model, "hash": (mult, sizes, offs), "rows": rows, "shards": shards}
+    return {"config": sc, "model": model, "rows": rows, "shards": shards}
 
 
 # ---------------------------------------------------------------- one arm, in its own process
@@ -197,13 +197,17 @@ def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, la
         json.dump(spec, fh)
     log_path = os.path.join(log_dir, f"{label}.log")
     with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, str(CHILD), spec_path], stdout=subprocess.PIPE, stderr=log,
-                              text=True, env=arm_env(arm), timeout=opts.hang_timeout + 60)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
-    if proc.returncode != 0 or not lines:
+        try:
+            proc = subprocess.run([sys.executable, str(CHILD), spec_path], stdout=subprocess.PIPE, stderr=log,
+                                  text=True, env=arm_env(arm), timeout=opts.hang_timeout + 60)
+            code, stdout, why = proc.returncode, proc.stdout, f"engine process exited {proc.returncode}"
+        except subprocess.TimeoutExpired as exc:  # the child's own faulthandler exit did not fire
+            code, stdout, why = None, "", f"engine process killed after {exc.timeout:.0f} s"
+    lines = [ln for ln in stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    if code != 0 or not lines:
         with open(log_path) as fh:
             tail = fh.read().strip().splitlines()[-5:]
-        return {"arm": arm, "error": f"engine process exited {proc.returncode}: " + " | ".join(tail), "log": log_path}
+        return {"arm": arm, "error": f"{why}: " + " | ".join(tail), "log": log_path}
     result = json.loads(lines[-1][len(RESULT_TAG):])
     result.update(arm=arm, log=log_path, problems=arm_problems(arm, result))
     return result
@@ -219,7 +223,10 @@ def arm_problems(arm: str, r: dict[str, Any]) -> list[str]:
     if r["captured_waits"] < len(r["graph_bs"]) or r["steps"]["graph"] == 0:
         out.append(f"decode did not run on graphs holding the WAIT ({r['captured_waits']} WAITs, steps {r['steps']})")
     shim = r["shim"]
-    if arm in SHIM_ARMS:
+    if arm in SHIM_ARMS and r.get("freetoken_patched"):
+        out.append("this FreeToken carries the patch series, so the shim stands down; compare its own "
+                   "FREETOKEN_GRAPH_UPLOAD modes with --arms upstream")
+    elif arm in SHIM_ARMS:
         if shim is None or shim["mode"] != arm or not shim["patched"]:
             out.append(f"the shim did not reach the engine process in mode {arm} "
                        f"({'not loaded' if shim is None else shim['reason']}): is freetoken-graphfix installed in "
@@ -371,6 +378,11 @@ def render(record: dict[str, Any]) -> str:
 
 def main(opts: argparse.Namespace) -> int:
     """Run the comparison for each ``--layers`` size; exit 1 when a safety target fails."""
+    too_small = [n for n in opts.layers if n < 4]
+    if too_small:
+        print(f"bench --engine: --layers {too_small[0]}: accepted values are 4 or more (every 4th layer is QSA, "
+              "the PLE table sits on layer 1)", file=sys.stderr)
+        return ERR
     log_dir = opts.logs or tempfile.mkdtemp(prefix="graphfix-engine-")
     os.makedirs(log_dir, exist_ok=True)
     records = [engine_record(layers, opts, log_dir) for layers in opts.layers]

@@ -91,6 +91,8 @@ def test_a_shim_arm_without_the_shim_is_a_problem():
     assert "expected action warm" in engine_bench.arm_problems("warm", result(shim=shim("warm", "upload")))[0]
     assert "leaked" in engine_bench.arm_problems("upstream", result(shim=shim("auto", "deferred")))[0]
     assert "not in CUDA wait-sync" in engine_bench.arm_problems("upstream", result(wait_sync=False))[0]
+    patched = engine_bench.arm_problems("auto", result(freetoken_patched=True))
+    assert patched and "stands down" in patched[0] and "--arms upstream" in patched[0]
 
 
 def record(**arms):
@@ -123,6 +125,17 @@ def test_gpu_time_is_compared_with_the_never_uploaded_arm():
     assert rec["summary"]["auto"]["step_gpu_vs_never_uploaded"] == 1.0
     assert rec["summary"]["skip"]["replay_gpu_vs_never_uploaded"] == 1.0
     assert list(rec["summary"]["auto"]["step_gpu_ms"]) == ["2", "1"]  # largest bs first
+
+
+def test_bad_engine_options_are_named(tmp_path):
+    import argparse
+
+    opts = argparse.Namespace(layers=[48, 2], logs=str(tmp_path))
+    assert engine_bench.main(opts) == 1
+    assert list(tmp_path.iterdir()) == []  # refused before anything ran
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine", "--rounds", "0"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--rounds: '0': accepted values are whole numbers of 1 or more" in out.stderr
 
 
 def test_engine_needs_a_gpu_here():
