@@ -165,7 +165,8 @@ def main(spec_path: str) -> None:
         kind = "graph" if on_graph else ("decode" if batch.is_decode else "prefill")
         steps.append({"kind": kind, "bs": bs, "first": on_graph and bs not in seen_bs, "events": (start, end),
                       "host_ms": host_ms})
-        seen_bs.update([bs] if on_graph else [])
+        if on_graph:
+            seen_bs.add(bs)
         return out
 
     runner.replay, eng.forward_batch = replay, forward_batch

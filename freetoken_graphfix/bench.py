@@ -21,18 +21,17 @@ from datetime import date
 from typing import Any
 
 STRATEGIES = ("upload", "skip", "warm", "deferred", "auto")
-ENGINE_ARMS = ("upstream", "pre-697", "auto", "upload", "warm", "deferred", "skip")
 OK, ERR = 0, 1
 
 
 # ---------------------------------------------------------------- statistics and rendering
 
-def summary(values: list[float]) -> dict[str, float]:
-    """Median and p10/p90 (more robust than the mean), with the sample count."""
+def summary(values: list[float], percentiles: tuple[int, int] = (10, 90)) -> dict[str, float]:
+    """Median and two percentiles (p10/p90 by default; more robust than the mean), with the count."""
     if not values:
         return {"n": 0}
-    q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
-    return {"n": len(values), "median": statistics.median(values), "p10": q[0], "p90": q[8]}
+    q = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else [values[0]] * 99
+    return {"n": len(values), "median": statistics.median(values), **{f"p{p}": q[p - 1] for p in percentiles}}
 
 
 def environment() -> dict[str, str]:
@@ -486,17 +485,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--jobs", type=positive, default=1, help="--deadlock cases run at once (default 1)")
     ap.add_argument("--startup", action="store_true", help="interpreter start-up with and without the .pth")
     ap.add_argument("--startup-runs", type=int, default=200)
-    engine = ap.add_argument_group("--engine: every mode in FreeToken's real engine (synthetic qwen4_exp)")
-    engine.add_argument("--engine", action="store_true", help="run the real-engine comparison")
-    engine.add_argument("--layers", type=int, nargs="+", default=[48], help="model sizes (default 48)")
-    engine.add_argument("--tokens", type=positive, default=64, help="greedy tokens per request (default 64)")
-    engine.add_argument("--arms", nargs="+", default=list(ENGINE_ARMS), choices=ENGINE_ARMS)
-    engine.add_argument("--rounds", type=positive, default=1, help="runs of every arm, in rotated order (default 1)")
-    engine.add_argument("--replays", type=positive, default=200, help="timed replays per engine graph (default 200)")
-    engine.add_argument("--no-warmup", dest="warmup", action="store_false",
-                        help="no unrecorded warm-up run (kernel compilation then lands on the first arm)")
-    engine.add_argument("--hang-timeout", type=float, default=300.0, help="seconds before an engine run is killed")
-    engine.add_argument("--logs", metavar="DIR", help="keep each engine process's log here")
+    from . import engine_bench  # imported here: it builds on this module's helpers
+
+    engine_bench.add_arguments(ap.add_argument_group(
+        "--engine: every mode in FreeToken's real engine (synthetic qwen4_exp)"))
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--gaps-child", metavar="PATH", help=argparse.SUPPRESS)
     ap.add_argument("--strategy", default="auto", choices=STRATEGIES, help=argparse.SUPPRESS)

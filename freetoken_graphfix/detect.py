@@ -54,8 +54,8 @@ def _class_from(module: str, name: str) -> type | None:
     return getattr(mod, name, None) if mod is not None else None
 
 
-def classify(owner: Any, caller: str) -> tuple[str, Release, bool]:
-    """Return ``(kind, release, deferrable)`` for the object that enqueued a WAIT."""
+def known_owner(owner: Any) -> tuple[str, Release, bool] | None:
+    """``(kind, release, deferrable)`` when ``owner`` is a table the shim knows, else ``None``."""
     ple = _class_from(PLE_MODULE, "DiskRowTable")
     if ple is not None and isinstance(owner, ple):
         if getattr(owner, "_worker", None) is None:
@@ -67,7 +67,7 @@ def classify(owner: Any, caller: str) -> tuple[str, Release, bool]:
     engram = _class_from(ENGRAM_MODULE, "EngramDiskTable")
     if engram is not None and isinstance(owner, engram):
         return "Engram wait-sync", Release.BEFORE_LAUNCH, False
-    return f"unknown ({caller})", Release.AFTER_LAUNCH, False
+    return None
 
 
 _OWN_FRAMES = ("freetoken_graphfix.hooks", "freetoken_graphfix.detect")
@@ -102,13 +102,13 @@ def outer_frames(depth: int = _SEARCH_DEPTH) -> list[FrameType]:
 def wait_from_caller(flag: Any) -> Wait:
     """Build the :class:`Wait` record for a ``wait_reset(stream, flag)`` call seen by the hook."""
     frames = outer_frames()
-    caller = f"{frames[0].f_globals.get('__name__', '?')}.{frames[0].f_code.co_name}"
     for frame in frames:  # the nearest known owner, even with wrappers in between
         owner = frame.f_locals.get("self")
-        kind, release, deferrable = classify(owner, caller)
-        if not kind.startswith("unknown"):
-            return Wait(flag, owner, kind, release, deferrable)
-    return Wait(flag, frames[0].f_locals.get("self"), *classify(None, caller))
+        known = known_owner(owner)
+        if known is not None:
+            return Wait(flag, owner, *known)
+    caller = f"{frames[0].f_globals.get('__name__', '?')}.{frames[0].f_code.co_name}"
+    return Wait(flag, frames[0].f_locals.get("self"), f"unknown ({caller})", Release.AFTER_LAUNCH, False)
 
 
 def capture_batch_size() -> int | None:

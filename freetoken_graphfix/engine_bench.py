@@ -25,15 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from . import config
-from .bench import ENGINE_ARMS, environment, progress, rotated
+from .bench import environment, positive, progress, rotated, summary
 
 CHILD = Path(__file__).with_name("_engine_child.py")
 RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
-SHIM_ARMS = ("auto", "upload", "warm", "deferred", "skip")
-ARMS = ENGINE_ARMS
+SHIM_ACTION = {"auto": "deferred", "upload": "upload", "warm": "warm", "deferred": "deferred", "skip": "exposed"}
+SHIM_ARMS = tuple(SHIM_ACTION)  # FT_GRAPH_UPLOAD=<arm>, and the action the shim must take on every graph
+ARMS = ("upstream", "pre-697", *SHIM_ARMS)
 PROTECTED = ("upstream", "auto", "upload", "warm", "deferred")  # must never block, same tokens as upstream
 NEVER_UPLOADED = ("pre-697", "skip")  # the negative control
-SHIM_ACTION = {"auto": "deferred", "upload": "upload", "warm": "warm", "deferred": "deferred", "skip": "exposed"}
+MIN_LAYERS = 4  # a QSA layer is every 4th, the PLE layer is 1
 OK, ERR = 0, 1
 
 VOCAB, EOS = 512, 7  # EOS is also the PLE n-gram hash boundary
@@ -124,6 +125,11 @@ def random_weight(name: str, shape: tuple[int, ...], dtype: Any, g: Any) -> Any:
     return (0.02 * torch.randn(shape, generator=g)).to(dtype)
 
 
+def check_layers(layers: int) -> None:
+    if layers < MIN_LAYERS:
+        raise ValueError(f"layers={layers}: need at least {MIN_LAYERS} (a QSA layer is every 4th, the PLE layer is 1)")
+
+
 def build_model_dir(folder: str, layers: int, seed: int = 1234) -> dict[str, Any]:
     """Write config, tokenizer, FTW weights, bf16 expert banks and the PLE table into ``folder``.
 
@@ -136,8 +142,7 @@ def build_model_dir(folder: str, layers: int, seed: int = 1234) -> dict[str, Any
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    if layers < 4:
-        raise ValueError(f"layers={layers}: need at least 4 (a QSA layer is every 4th, the PLE layer is 1)")
+    check_layers(layers)
     with open(os.path.join(folder, "config.json"), "w") as fh:
         json.dump({"architectures": ["Qwen4ExpForConditionalGeneration"], "model_type": "qwen4_exp",
                    "image_token_id": 248056, "tie_word_embeddings": False, "text_config": text_config(layers)}, fh)
@@ -283,21 +288,13 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
-def quartiles(values: list[float]) -> dict[str, float]:
-    if len(values) < 2:
-        v = values[0] if values else math.nan
-        return {"n": len(values), "median": v, "p25": v, "p75": v}
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return {"n": len(values), "median": q[1], "p25": q[0], "p75": q[2]}
-
-
 def pooled(runs: list[dict[str, Any]], key: str) -> dict[str, dict[str, float]]:
     """Per batch size (largest first), quartiles of ``key``'s samples from every round."""
     per_bs: dict[str, list[float]] = {}
     for r in runs:
         for bs, values in r.get(key, {}).items():
             per_bs.setdefault(bs, []).extend(values)
-    return {bs: quartiles(v) for bs, v in sorted(per_bs.items(), key=lambda kv: -int(kv[0]))}
+    return {bs: summary(v, (25, 75)) for bs, v in sorted(per_bs.items(), key=lambda kv: -int(kv[0]))}
 
 
 def ratio(arm: dict[str, dict[str, float]], base: dict[str, dict[str, float]]) -> float:
@@ -376,12 +373,27 @@ def render(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def add_arguments(group: Any) -> None:
+    """``bench``'s ``--engine`` options."""
+    group.add_argument("--engine", action="store_true", help="run the real-engine comparison")
+    group.add_argument("--layers", type=int, nargs="+", default=[48], help="model sizes (default 48)")
+    group.add_argument("--tokens", type=positive, default=64, help="greedy tokens per request (default 64)")
+    group.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    group.add_argument("--rounds", type=positive, default=1, help="runs of every arm, in rotated order (default 1)")
+    group.add_argument("--replays", type=positive, default=200, help="timed replays per engine graph (default 200)")
+    group.add_argument("--no-warmup", dest="warmup", action="store_false",
+                       help="no unrecorded warm-up run (kernel compilation then lands on the first arm)")
+    group.add_argument("--hang-timeout", type=float, default=300.0, help="seconds before an engine run is killed")
+    group.add_argument("--logs", metavar="DIR", help="keep each engine process's log here")
+
+
 def main(opts: argparse.Namespace) -> int:
     """Run the comparison for each ``--layers`` size; exit 1 when a safety target fails."""
-    too_small = [n for n in opts.layers if n < 4]
-    if too_small:
-        print(f"bench --engine: --layers {too_small[0]}: accepted values are 4 or more (every 4th layer is QSA, "
-              "the PLE table sits on layer 1)", file=sys.stderr)
+    try:
+        for layers in opts.layers:
+            check_layers(layers)
+    except ValueError as exc:  # refused before any size runs
+        print(f"bench --engine: --layers: {exc}", file=sys.stderr)
         return ERR
     log_dir = opts.logs or tempfile.mkdtemp(prefix="graphfix-engine-")
     os.makedirs(log_dir, exist_ok=True)
