@@ -16,12 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import date
-from typing import Any
+from typing import Any, TypeVar
 
 STRATEGIES = ("upload", "skip", "warm", "deferred", "auto")
 OK, ERR = 0, 1
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- statistics and rendering
@@ -50,10 +51,10 @@ def environment() -> dict[str, str]:
             "date": date.today().isoformat()}
 
 
-def rotated(names: list[str], rep: int) -> list[str]:
+def rotated(names: Sequence[T], rep: int) -> list[T]:
     """Arm order for pass ``rep``: each arm takes every position in turn, so none is always first."""
     k = rep % len(names)
-    return names[k:] + names[:k]
+    return [*names[k:], *names[:k]]
 
 
 def last_stderr_line(proc: subprocess.CompletedProcess) -> str:
@@ -109,9 +110,13 @@ def kernel_gaps(trace_file: str, launches: list[str],
 
 # ---------------------------------------------------------------- the replay-cost benchmark
 
-def build_arms(opts: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, dict[str, Any]]]:
-    """Capture one runner per strategy through the shim and launch each graph the way FreeToken does
-    (first launch, then a check step whose logits every arm must share with ``upload``)."""
+def build_arms(opts: argparse.Namespace) -> tuple[Any, dict[tuple[str, int], Any], dict[str, dict[str, Any]]]:
+    """Capture ``opts.instances`` runners per strategy through the shim and launch each graph the way
+    FreeToken does (first launch, then a check step whose logits every arm must share with ``upload``).
+
+    Several instances per strategy because separately captured copies of one graph replay up to ~1%
+    apart on the H200 even when treated identically: one instance per arm cannot resolve a 0.3% band.
+    """
     import torch
 
     from . import hooks
@@ -120,76 +125,79 @@ def build_arms(opts: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str,
     rig = Rig(kernels=opts.kernels, streams=opts.streams, wait=not opts.no_wait, h2d=opts.h2d)
     bs_list = tuple(sorted(opts.batch_sizes, reverse=True))
     arms: dict[str, dict[str, Any]] = {}
-    runners: dict[str, Any] = {}
+    runners: dict[tuple[str, int], Any] = {}
+    logits: dict[str, list[dict[int, Any]]] = {}
     for arm in opts.strategies:
         hooks.uninstall()
         hooks.install(arm)
-        t0 = time.perf_counter()
-        runner = runners[arm] = rig.capture(bs_list)
-        capture_s = time.perf_counter() - t0
-        graphs = hooks.status()["passes"][-1]["graphs"]
-        first = {bs: rig.step(runner, bs, seed=bs, watchdog_s=opts.watchdog) for bs in bs_list}
-        check = {bs: rig.step(runner, bs, seed=1000 + bs, watchdog_s=opts.watchdog) for bs in bs_list}
-        arms[arm] = {
-            "capture_s": capture_s,
-            "graphs": {str(g["name"]): {"action": g["action"], "reason": g["reason"], "hook_ms": g["hook_ms"],
-                                        "first_launch": g["first_launch"]} for g in graphs},
-            "first_launch": {str(bs): {"launch_ms": r.launch_ms, "blocked": r.fired} for bs, r in first.items()},
-            "check_logits": {bs: r.logits for bs, r in check.items()},
-            "replay_us": {str(bs): [] for bs in bs_list},
-        }
+        rec = arms[arm] = {"capture_s": [], "graphs": {},
+                           "first_launch": {str(bs): {"launch_ms": [], "blocked": []} for bs in bs_list},
+                           "replay_us": {str(bs): [[] for _ in range(opts.instances)] for bs in bs_list}}
+        for i in range(opts.instances):
+            t0 = time.perf_counter()
+            runner = runners[arm, i] = rig.capture(bs_list)
+            rec["capture_s"].append(time.perf_counter() - t0)
+            for g in hooks.status()["passes"][-1]["graphs"]:
+                graph = rec["graphs"].setdefault(str(g["name"]), {"action": [], "hook_ms": []})
+                graph["action"].append(g["action"])
+                graph["hook_ms"].append(g["hook_ms"])
+            for bs in bs_list:
+                first = rig.step(runner, bs, seed=bs, watchdog_s=opts.watchdog)
+                rec["first_launch"][str(bs)]["launch_ms"].append(first.launch_ms)
+                rec["first_launch"][str(bs)]["blocked"].append(first.fired)
+            logits.setdefault(arm, []).append(
+                {bs: rig.step(runner, bs, seed=1000 + bs, watchdog_s=opts.watchdog).logits for bs in bs_list})
     hooks.uninstall()
-    ref = arms.get("upload", next(iter(arms.values())))["check_logits"]
-    for record in arms.values():
-        logits = record.pop("check_logits")
-        record["logits_equal_upload"] = all(torch.equal(logits[bs], ref[bs]) for bs in bs_list)
+    ref = logits.get("upload", next(iter(logits.values())))[0]
+    for arm, per_instance in logits.items():
+        arms[arm]["logits_equal_upload"] = all(torch.equal(got[bs], ref[bs]) for got in per_instance for bs in bs_list)
     return rig, runners, arms
 
 
-def launcher(rig: Any, runners: dict[str, Any]) -> Any:
-    """Replay ``runners[arm]``'s graph for ``bs``, its head WAIT released just before the launch."""
+def launcher(rig: Any, runners: dict[tuple[str, int], Any]) -> Any:
+    """Replay instance ``i`` of ``arm``'s graph for ``bs``, its head WAIT released just before the launch."""
     from .device import read_flag, signal_flag
 
     flag = rig.table._flag if rig.table is not None else None
 
-    def launch(arm: str, bs: int) -> None:
+    def launch(arm: str, i: int, bs: int) -> None:
         if flag is not None:
             assert read_flag(flag) == 0, "surplus release"
             signal_flag(flag)  # the WAIT passes at once: time the graph, not the host's fill
-        runners[arm].graph_map[bs].replay()
+        runners[arm, i].graph_map[bs].replay()
 
     return launch
 
 
 def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
-    """The replay-cost record: every arm captured and launched, then interleaved timed replays.
-    CUPTI is never initialised in this process (it slows and spreads every replay); the gaps come
-    from a child process that captures the same arms under the profiler."""
+    """The replay-cost record: every instance of every arm captured and launched, then interleaved
+    timed replays. CUPTI is never initialised in this process (it slows and spreads every replay);
+    the gaps come from a child process that captures the same arms under the profiler."""
     import torch
 
     rig, runners, arms = build_arms(opts)
-    names, stream = list(arms), rig.stream
+    keys, stream = list(runners), rig.stream
     bs_list = sorted(map(int, next(iter(arms.values()))["replay_us"]), reverse=True)
     launch = launcher(rig, runners)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(stream):
-        for arm in names:  # warm-up: every graph a few times
+        for arm, i in keys:  # warm-up: every graph a few times
             for bs in bs_list:
                 for _ in range(3):
-                    launch(arm, bs)
+                    launch(arm, i, bs)
                     stream.synchronize()
         for rep in progress(range(opts.reps), opts.reps, "interleaved replays"):
-            for arm in rotated(names, rep):
+            for arm, i in rotated(keys, rep):
                 for bs in bs_list:
                     start.record(stream)
-                    launch(arm, bs)
+                    launch(arm, i, bs)
                     end.record(stream)
                     end.synchronize()
-                    arms[arm]["replay_us"][str(bs)].append(1e3 * start.elapsed_time(end))
+                    arms[arm]["replay_us"][str(bs)][i].append(1e3 * start.elapsed_time(end))
     record = {"env": environment(), "config": {k: v for k, v in vars(opts).items() if k not in ("json", "plot")},
-              "arms": arms, "host_overhead": host_overhead(rig, runners.get("auto") or next(iter(runners.values())))}
+              "arms": arms, "host_overhead": host_overhead(rig, runners.get(("auto", 0)) or runners[keys[0]])}
     gaps, record["gaps_note"] = gaps_from_child(opts) if opts.profile_reps else ({}, "not traced (--profile-reps 0)")
-    for arm in names:
+    for arm in arms:
         arms[arm]["gaps_us"] = gaps.get(arm, {})
     return record
 
@@ -198,7 +206,7 @@ def gaps_from_child(opts: argparse.Namespace) -> tuple[dict[str, Any], str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "gaps.json")
         cmd = [sys.executable, "-m", "freetoken_graphfix", "bench", "--gaps-child", out,
-               "--kernels", str(opts.kernels), "--streams", str(opts.streams), "--profile-reps",
+               "--kernels", str(opts.kernels), "--streams", str(opts.streams), "--instances", "1", "--profile-reps",
                str(opts.profile_reps), "--batch-sizes", *map(str, opts.batch_sizes), "--strategies",
                *opts.strategies, *(["--no-wait"] if opts.no_wait else []), *(["--h2d"] if opts.h2d else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
@@ -218,7 +226,8 @@ def gaps_child(opts: argparse.Namespace) -> int:
     _utils._init_for_cuda_graphs()
     rig, runners, arms = build_arms(opts)
     bs = max(opts.batch_sizes)
-    gaps, note = profile_gaps(list(arms), bs, launcher(rig, runners), rig.stream, opts.profile_reps)
+    launch = launcher(rig, runners)
+    gaps, note = profile_gaps(list(arms), bs, lambda arm, bs: launch(arm, 0, bs), rig.stream, opts.profile_reps)
     with open(opts.gaps_child, "w") as fh:
         json.dump({"gaps": gaps, "note": note + f" (bs {bs})"}, fh)
     return OK
@@ -305,28 +314,55 @@ def armed_hook_cost(calls: int = 20000) -> float:
     return 1e6 * (armed - plain) / calls
 
 
+def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table's figures per (arm, bs), derived from the raw record: every instance's replays
+    pooled, the ratio of pooled medians to ``skip``'s, and the spread of the instances' medians
+    (identically treated graphs differ by that much: the run's noise floor)."""
+    arms = record["arms"]
+    skip = arms.get("skip")
+    out = []
+    for arm, rec in arms.items():
+        for bs, per_instance in rec["replay_us"].items():
+            s = summary([t for times in per_instance for t in times])
+            medians = [statistics.median(times) for times in per_instance if times]
+            graph = rec["graphs"].get(f"bs={bs}", {"action": ["?"], "hook_ms": []})
+            first = rec["first_launch"][bs]
+            skip_median = summary([t for times in skip["replay_us"][bs] for t in times])["median"] if skip else None
+            out.append({
+                "arm": arm, "bs": bs, "actions": sorted(set(graph["action"])), **s,
+                "ratio_skip": s["median"] / skip_median if skip_median else float("nan"),
+                "instance_spread": (max(medians) - min(medians)) / s["median"] if len(medians) > 1 else 0.0,
+                "first_launch_ms": statistics.median(first["launch_ms"]), "blocked": sum(first["blocked"]),
+                "instances": len(per_instance),
+                "hook_ms": statistics.median(graph["hook_ms"]) if graph["hook_ms"] else float("nan"),
+                "logits_equal_upload": rec["logits_equal_upload"],
+            })
+    return out
+
+
 def render(record: dict[str, Any]) -> str:
-    env, cfg, arms = record["env"], record["config"], record["arms"]
+    env, cfg = record["env"], record["config"]
     lines = [f"{env['gpu']} | driver {env['driver']} | torch {env['torch']} | freetoken {env['freetoken']} | "
              f"{env['date']}",
              f"graph: {cfg['kernels']} kernels over {cfg['streams']} streams, head WAIT "
              f"{'no' if cfg['no_wait'] else 'yes (real DiskRowTable)'}, H2D {'yes' if cfg['h2d'] else 'no'}, "
-             f"bs {cfg['batch_sizes']}; {cfg['reps']} interleaved replays per graph; times in µs",
-             f"{'strategy':9} {'bs':>3} {'action':9} {'median':>9} {'p10':>9} {'p90':>9} {'/skip':>7} "
+             f"bs {cfg['batch_sizes']}; {cfg['instances']} graph instances per strategy, {cfg['reps']} interleaved "
+             "replays each; times in µs (all instances pooled)",
+             f"{'strategy':9} {'bs':>3} {'action':9} {'median':>9} {'p10':>9} {'p90':>9} {'/skip':>7} {'spread':>7} "
              f"{'gap µs (med/stream)':>22} {'1st launch ms':>14} {'hook ms':>8} {'logits':>7}"]
-    skip = arms.get("skip")
-    for arm, rec in arms.items():
-        medians = [statistics.median(v) for v in rec["gaps_us"].values() if v]
-        gaps = f"{statistics.median(medians):.3f} ({len(medians)} streams)" if medians else "n/a"
-        for i, (bs, times) in enumerate(rec["replay_us"].items()):
-            s = summary(times)
-            ratio = s["median"] / summary(skip["replay_us"][bs])["median"] if skip else float("nan")
-            g = rec["graphs"].get(f"bs={bs}", {})
-            fl = rec["first_launch"][bs]
-            lines.append(f"{arm:9} {bs:>3} {g.get('action', '?'):9} {s['median']:9.1f} {s['p10']:9.1f} "
-                         f"{s['p90']:9.1f} {ratio:7.4f} {gaps if i == 0 else '':>22} "
-                         f"{fl['launch_ms']:>8.2f}{' BLOCKED' if fl['blocked'] else '':>6} "
-                         f"{g.get('hook_ms', float('nan')):8.2f} {'same' if rec['logits_equal_upload'] else 'DIFF':>7}")
+    shown: set[str] = set()
+    for r in rows(record):
+        gap_lists = [v for v in record["arms"][r["arm"]]["gaps_us"].values() if v]
+        gaps = "" if r["arm"] in shown else (
+            f"{statistics.median(map(statistics.median, gap_lists)):.3f} ({len(gap_lists)} streams)"
+            if gap_lists else "n/a")
+        shown.add(r["arm"])
+        blocked = f" BLOCKED {r['blocked']}/{r['instances']}" if r["blocked"] else ""
+        lines.append(f"{r['arm']:9} {r['bs']:>3} {'/'.join(r['actions']):9} {r['median']:9.1f} {r['p10']:9.1f} "
+                     f"{r['p90']:9.1f} {r['ratio_skip']:7.4f} {100 * r['instance_spread']:6.2f}% {gaps:>22} "
+                     f"{r['first_launch_ms']:>14.2f}{blocked} {r['hook_ms']:8.2f} "
+                     f"{'same' if r['logits_equal_upload'] else 'DIFF':>7}")
+    lines.append("spread: max - min of the instances' medians over the pooled median; /skip: pooled medians")
     lines.append(f"CUPTI: {record.get('gaps_note', 'n/a')}")
     ho = record.get("host_overhead")
     if ho:
@@ -460,19 +496,34 @@ def startup(runs: int) -> tuple[dict[str, Any], str]:
 # ---------------------------------------------------------------- entry point
 
 def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: accepted values are whole numbers of 1 or more")
+    return _whole_at_least(text, 1)
+
+
+def non_negative(text: str) -> int:
+    return _whole_at_least(text, 0)
+
+
+def _whole_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{text!r}: accepted values are whole numbers of {low} or more")
     return value
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m freetoken_graphfix bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--kernels", type=int, default=1090, help="small kernels per graph (default 1090)")
-    ap.add_argument("--streams", type=int, default=4, help="streams, fork/join per layer (default 4)")
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2], help="one graph each (default 1 2)")
-    ap.add_argument("--reps", type=int, default=300, help="interleaved timed replays per graph (default 300)")
-    ap.add_argument("--profile-reps", type=int, default=20, help="replays per arm traced for CUPTI gaps (0: off)")
+    ap.add_argument("--kernels", type=positive, default=1090, help="small kernels per graph (default 1090)")
+    ap.add_argument("--streams", type=positive, default=4, help="streams, fork/join per layer (default 4)")
+    ap.add_argument("--batch-sizes", type=positive, nargs="+", default=[1, 2], help="one graph each (default 1 2)")
+    ap.add_argument("--instances", type=positive, default=4,
+                    help="graphs captured per strategy and bs, their replays pooled (default 4)")
+    ap.add_argument("--reps", type=positive, default=300,
+                    help="interleaved timed replays per graph instance (default 300)")
+    ap.add_argument("--profile-reps", type=non_negative, default=20,
+                    help="replays per arm traced for CUPTI gaps (0: off)")
     ap.add_argument("--no-wait", action="store_true", help="no head WAIT (no PLE table in the graph)")
     ap.add_argument("--h2d", action="store_true", help="add a pinned-host H2D copy per layer (MoE-offload-like)")
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
@@ -481,10 +532,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--plot", metavar="PATH", help="PNG of the gap distributions (needs matplotlib)")
     ap.add_argument("--short", action="store_true", help="the quick form doctor runs")
     ap.add_argument("--deadlock", action="store_true", help="first-launch probe matrix, a subprocess per case")
-    ap.add_argument("--matrix-kernels", type=int, nargs="+", default=[1000, 8000, 32000, 64000])
+    ap.add_argument("--matrix-kernels", type=positive, nargs="+", default=[1000, 8000, 32000, 64000])
     ap.add_argument("--jobs", type=positive, default=1, help="--deadlock cases run at once (default 1)")
     ap.add_argument("--startup", action="store_true", help="interpreter start-up with and without the .pth")
-    ap.add_argument("--startup-runs", type=int, default=200)
+    ap.add_argument("--startup-runs", type=positive, default=200)
     from . import engine_bench  # imported here: it builds on this module's helpers
 
     engine_bench.add_arguments(ap.add_argument_group(
@@ -524,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         protected = [r for r in rows if r["strategy"] != "skip"]
         return ERR if any(r.get("error") or r.get("blocked") for r in protected) else OK
     if opts.short:
-        opts.reps, opts.profile_reps, opts.batch_sizes = 50, 0, [1]
+        opts.reps, opts.profile_reps, opts.batch_sizes, opts.instances = 50, 0, [1], 1
     record = run_arms(opts)
     _write_json(opts.json, record)
     print(render(record))

@@ -56,3 +56,40 @@ def test_bench_without_cuda_says_so(capsys):
         pytest.skip("this machine has a CUDA device")
     assert bench.main([]) == bench.ERR
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def record(skip_instances, auto_instances):
+    """A raw record as ``run_arms`` writes it: two arms, one bs, replays per graph instance."""
+    def arm(per_instance, action, blocked):
+        n = len(per_instance)
+        return {"capture_s": [0.1] * n, "graphs": {"bs=1": {"action": [action] * n, "hook_ms": [0.1] * n}},
+                "first_launch": {"1": {"launch_ms": [2.0] * n, "blocked": [blocked] * n}},
+                "replay_us": {"1": per_instance}, "logits_equal_upload": True, "gaps_us": {"7": [0.3, 0.4]}}
+
+    return {"env": {"gpu": "GPU", "driver": "1", "torch": "2", "freetoken": "0.2.1", "date": "today"},
+            "config": {"kernels": 10, "streams": 2, "no_wait": False, "h2d": False, "batch_sizes": [1],
+                       "instances": len(skip_instances), "reps": 3},
+            "arms": {"skip": arm(skip_instances, "exposed", True), "auto": arm(auto_instances, "deferred", False)}}
+
+
+def test_rows_pool_instances_and_report_their_spread():
+    rec = record([[100.0, 100.0, 100.0], [102.0, 102.0, 102.0]], [[101.0] * 3, [101.0] * 3])
+    skip, auto = bench.rows(rec)
+    assert (skip["median"], skip["ratio_skip"], skip["blocked"], skip["instances"]) == (101.0, 1.0, 2, 2)
+    assert skip["instance_spread"] == pytest.approx(2 / 101)
+    assert (auto["ratio_skip"], auto["instance_spread"], auto["actions"]) == (1.0, 0.0, ["deferred"])
+    text = bench.render(rec)
+    assert "2 graph instances per strategy" in text and "BLOCKED 2/2" in text
+    assert "1.98%" in text and "0.350 (1 streams)" in text
+
+
+@pytest.mark.parametrize("option", ["--instances", "--reps", "--kernels", "--streams", "--profile-reps"])
+def test_bench_refuses_bad_counts_naming_the_accepted_values(option, capsys):
+    with pytest.raises(SystemExit):
+        bench.parser().parse_args([option, "-1"])
+    err = capsys.readouterr().err
+    assert option in err and "accepted values are whole numbers of" in err
+
+
+def test_profile_reps_may_be_zero():
+    assert bench.parser().parse_args(["--profile-reps", "0"]).profile_reps == 0

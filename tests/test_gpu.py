@@ -112,3 +112,22 @@ def test_unknown_owner_warm_replayed(clean_shim):
         stream.synchronize()
         assert not fired.is_set(), "launch blocked until the watchdog released it"
         assert int(flag[0]) == 0
+
+
+def test_bench_record_every_instance_measured_and_only_skip_blocked(clean_shim):
+    """``bench``'s own measuring path on a graph large enough to block: every instance of every
+    strategy captured through the shim, launched and timed; only ``skip`` blocks, and its
+    bs 2 graph (captured first) blocks in every instance."""
+    from freetoken_graphfix import bench
+
+    opts = bench.parser().parse_args(["--kernels", "10000", "--streams", "1", "--instances", "2", "--reps", "10",
+                                      "--profile-reps", "0", "--watchdog", "2"])
+    record = bench.run_arms(opts)
+    rows = {(r["arm"], r["bs"]): r for r in bench.rows(record)}
+    assert rows["skip", "2"]["blocked"] == 2 and rows["skip", "2"]["actions"] == ["exposed"]
+    for (arm, bs), r in rows.items():
+        assert r["n"] == 2 * 10 and r["instances"] == 2
+        assert r["logits_equal_upload"], (arm, bs)
+        if arm != "skip":
+            assert r["blocked"] == 0, (arm, bs, r["first_launch_ms"])
+    assert rows["auto", "2"]["actions"] == rows["auto", "1"]["actions"] == ["deferred"]
