@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -135,15 +136,17 @@ class Rig:
         self._gen = torch.Generator().manual_seed(7)
 
     def capture(self, bs_list: tuple[int, ...] = (1, 2)) -> Any:
-        """A real ``GraphRunner``: captures one graph per bs, largest first, sharing one pool."""
+        """A real ``GraphRunner``: captures one graph per bs, largest first, sharing one pool.
+        FreeToken's per-pass INFO lines (free memory) are held back: a benchmark captures dozens."""
         from freetoken.engine.graph import GraphRunner
 
         dummy = SimpleNamespace(linear_slot_idx=None, table_idx=0, input_ids=torch.zeros(2, dtype=torch.int64),
                                 device_len=1)
-        return GraphRunner(stream=self.stream, device=self.device, model=self.model, attn_backend=_Attn(),
-                           cuda_graph_bs=list(bs_list), cuda_graph_max_bs=max(bs_list),
-                           free_memory=torch.cuda.mem_get_info(self.device)[0], max_seq_len=64,
-                           vocab_size=LOGITS, dummy_req=dummy)
+        with _level("freetoken.engine.graph", logging.WARNING):
+            return GraphRunner(stream=self.stream, device=self.device, model=self.model, attn_backend=_Attn(),
+                               cuda_graph_bs=list(bs_list), cuda_graph_max_bs=max(bs_list),
+                               free_memory=torch.cuda.mem_get_info(self.device)[0], max_seq_len=64,
+                               vocab_size=LOGITS, dummy_req=dummy)
 
     def batch(self, bs: int, seed: int) -> Any:
         from freetoken.core import Batch
@@ -178,6 +181,17 @@ class Rig:
             # step's WAIT would pass before its fill (stale rows)
             self.table._flag.zero_()
         return StepResult(launch_ms, fired.is_set(), logits.clone())
+
+
+@contextlib.contextmanager
+def _level(name: str, level: int):
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(max(level, before))
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 @contextlib.contextmanager
