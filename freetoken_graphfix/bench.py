@@ -316,21 +316,27 @@ def armed_hook_cost(calls: int = 20000) -> float:
 
 def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The table's figures per (arm, bs), derived from the raw record: every instance's replays
-    pooled, the ratio of pooled medians to ``skip``'s, and the spread of the instances' medians
-    (identically treated graphs differ by that much: the run's noise floor)."""
+    pooled, the ratio of pooled medians to ``skip``'s, the spread of the instances' medians
+    (identically treated graphs differ by that much), and the ratio's standard error from the
+    instances' medians, the unit that varies (``nan`` with fewer than two instances)."""
     arms = record["arms"]
     skip = arms.get("skip")
     out = []
     for arm, rec in arms.items():
         for bs, per_instance in rec["replay_us"].items():
             s = summary([t for times in per_instance for t in times])
-            medians = [statistics.median(times) for times in per_instance if times]
+            medians = instance_medians(per_instance)
             graph = rec["graphs"].get(f"bs={bs}", {"action": ["?"], "hook_ms": []})
             first = rec["first_launch"][bs]
-            skip_median = summary([t for times in skip["replay_us"][bs] for t in times])["median"] if skip else None
+            ratio = se = float("nan")
+            if skip:
+                skip_times = skip["replay_us"][bs]
+                ratio = s["median"] / summary([t for times in skip_times for t in times])["median"]
+                ratio_se = standard_error(medians, instance_medians(skip_times))
+                se = ratio_se if ratio_se is not None else float("nan")
             out.append({
                 "arm": arm, "bs": bs, "actions": sorted(set(graph["action"])), **s,
-                "ratio_skip": s["median"] / skip_median if skip_median else float("nan"),
+                "ratio_skip": ratio, "ratio_se": se,
                 "instance_spread": (max(medians) - min(medians)) / s["median"] if len(medians) > 1 else 0.0,
                 "first_launch_ms": statistics.median(first["launch_ms"]), "blocked": sum(first["blocked"]),
                 "instances": len(per_instance),
@@ -338,6 +344,32 @@ def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
                 "logits_equal_upload": rec["logits_equal_upload"],
             })
     return out
+
+
+def instance_medians(per_instance: list[list[float]]) -> list[float]:
+    return [statistics.median(times) for times in per_instance if times]
+
+
+def standard_error(a: list[float], b: list[float]) -> float | None:
+    """Relative standard error of mean(a) / mean(b), instances as the samples; None below two each."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    return (ma / mb) * ((statistics.variance(a) / len(a)) / ma**2 + (statistics.variance(b) / len(b)) / mb**2) ** 0.5
+
+
+def verdict(table: list[dict[str, Any]]) -> str:
+    """One line that answers the user's question: does the upload cost this GPU anything?"""
+    ups = [r for r in table if r["arm"] == "upload" and r["ratio_skip"] == r["ratio_skip"]]
+    if not ups:
+        return "verdict: needs the upload and skip strategies"
+    if any(r["ratio_se"] != r["ratio_se"] for r in ups):
+        return "verdict: needs --instances 2 or more (the instances' spread is the yardstick)"
+    parts = ", ".join(f"bs {r['bs']} {100 * (r['ratio_skip'] - 1):+.2f}% ± {200 * r['ratio_se']:.2f}%" for r in ups)
+    costly = [r for r in ups if r["ratio_skip"] - 1 > 2 * r["ratio_se"]]
+    return (f"verdict: upload vs never uploaded (skip) replay: {parts} (± 2 standard errors over instances): "
+            + ("the upload COSTS this GPU replay time; auto avoids it where no graph needs protection"
+               if costly else "no measurable cost on this GPU"))
 
 
 def render(record: dict[str, Any]) -> str:
@@ -351,7 +383,8 @@ def render(record: dict[str, Any]) -> str:
              f"{'strategy':9} {'bs':>3} {'action':9} {'median':>9} {'p10':>9} {'p90':>9} {'/skip':>7} {'spread':>7} "
              f"{'gap µs (med/stream)':>22} {'1st launch ms':>14} {'hook ms':>8} {'logits':>7}"]
     shown: set[str] = set()
-    for r in rows(record):
+    table = rows(record)
+    for r in table:
         gap_lists = [v for v in record["arms"][r["arm"]]["gaps_us"].values() if v]
         gaps = "" if r["arm"] in shown else (
             f"{statistics.median(map(statistics.median, gap_lists)):.3f} ({len(gap_lists)} streams)"
@@ -363,6 +396,7 @@ def render(record: dict[str, Any]) -> str:
                      f"{r['first_launch_ms']:>14.2f}{blocked} {r['hook_ms']:8.2f} "
                      f"{'same' if r['logits_equal_upload'] else 'DIFF':>7}")
     lines.append("spread: max - min of the instances' medians over the pooled median; /skip: pooled medians")
+    lines.append(verdict(table))
     lines.append(f"CUPTI: {record.get('gaps_note', 'n/a')}")
     ho = record.get("host_overhead")
     if ho:

@@ -58,8 +58,8 @@ def test_bench_without_cuda_says_so(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
-def record(skip_instances, auto_instances):
-    """A raw record as ``run_arms`` writes it: two arms, one bs, replays per graph instance."""
+def record(skip_instances, auto_instances, upload_instances=None):
+    """A raw record as ``run_arms`` writes it: one bs, replays per graph instance."""
     def arm(per_instance, action, blocked):
         n = len(per_instance)
         return {"capture_s": [0.1] * n, "graphs": {"bs=1": {"action": [action] * n, "hook_ms": [0.1] * n}},
@@ -69,7 +69,8 @@ def record(skip_instances, auto_instances):
     return {"env": {"gpu": "GPU", "driver": "1", "torch": "2", "freetoken": "0.2.1", "date": "today"},
             "config": {"kernels": 10, "streams": 2, "no_wait": False, "h2d": False, "batch_sizes": [1],
                        "instances": len(skip_instances), "reps": 3},
-            "arms": {"skip": arm(skip_instances, "exposed", True), "auto": arm(auto_instances, "deferred", False)}}
+            "arms": {"skip": arm(skip_instances, "exposed", True), "auto": arm(auto_instances, "deferred", False),
+                     **({"upload": arm(upload_instances, "upload", False)} if upload_instances else {})}}
 
 
 def test_rows_pool_instances_and_report_their_spread():
@@ -81,6 +82,18 @@ def test_rows_pool_instances_and_report_their_spread():
     text = bench.render(rec)
     assert "2 graph instances per strategy" in text and "BLOCKED 2/2" in text
     assert "1.98%" in text and "0.350 (1 streams)" in text
+    assert auto["ratio_se"] == pytest.approx(1 / 101)  # skip's instance medians 100 and 102: sd 1.41, se 1
+    assert "verdict: needs the upload and skip strategies" in text
+
+
+def test_verdict_weighs_the_upload_against_the_spread_of_instances():
+    skip = [[100.0], [100.4], [99.6], [100.0]]
+    slower = bench.rows(record(skip, skip, [[102.0], [102.4], [101.6], [102.0]]))
+    assert "+2.00% ± 0.47%" in bench.verdict(slower) and "COSTS this GPU" in bench.verdict(slower)
+    within = bench.rows(record(skip, skip, [[100.2], [100.6], [99.8], [100.2]]))
+    assert bench.verdict(within).endswith("no measurable cost on this GPU")
+    single = bench.rows(record([[100.0]], [[100.0]], [[103.0]]))
+    assert "needs --instances 2 or more" in bench.verdict(single)
 
 
 @pytest.mark.parametrize("option", ["--instances", "--reps", "--kernels", "--streams", "--profile-reps"])
