@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -320,50 +321,50 @@ def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     (identically treated graphs differ by that much), and the ratio's standard error from the
     instances' medians, the unit that varies (``nan`` with fewer than two instances)."""
     arms = record["arms"]
-    skip = arms.get("skip")
+    skip = {bs: (summary(pooled(times))["median"], instance_medians(times))
+            for bs, times in arms["skip"]["replay_us"].items()} if "skip" in arms else {}
     out = []
     for arm, rec in arms.items():
         for bs, per_instance in rec["replay_us"].items():
-            s = summary([t for times in per_instance for t in times])
+            s = summary(pooled(per_instance))
             medians = instance_medians(per_instance)
+            skip_median, skip_medians = skip.get(bs, (math.nan, []))
             graph = rec["graphs"].get(f"bs={bs}", {"action": ["?"], "hook_ms": []})
             first = rec["first_launch"][bs]
-            ratio = se = float("nan")
-            if skip:
-                skip_times = skip["replay_us"][bs]
-                ratio = s["median"] / summary([t for times in skip_times for t in times])["median"]
-                ratio_se = standard_error(medians, instance_medians(skip_times))
-                se = ratio_se if ratio_se is not None else float("nan")
             out.append({
                 "arm": arm, "bs": bs, "actions": sorted(set(graph["action"])), **s,
-                "ratio_skip": ratio, "ratio_se": se,
+                "ratio_skip": s["median"] / skip_median, "ratio_se": standard_error(medians, skip_medians),
                 "instance_spread": (max(medians) - min(medians)) / s["median"] if len(medians) > 1 else 0.0,
                 "first_launch_ms": statistics.median(first["launch_ms"]), "blocked": sum(first["blocked"]),
                 "instances": len(per_instance),
-                "hook_ms": statistics.median(graph["hook_ms"]) if graph["hook_ms"] else float("nan"),
+                "hook_ms": statistics.median(graph["hook_ms"]) if graph["hook_ms"] else math.nan,
                 "logits_equal_upload": rec["logits_equal_upload"],
             })
     return out
+
+
+def pooled(per_instance: list[list[float]]) -> list[float]:
+    return [t for times in per_instance for t in times]
 
 
 def instance_medians(per_instance: list[list[float]]) -> list[float]:
     return [statistics.median(times) for times in per_instance if times]
 
 
-def standard_error(a: list[float], b: list[float]) -> float | None:
-    """Relative standard error of mean(a) / mean(b), instances as the samples; None below two each."""
+def standard_error(a: list[float], b: list[float]) -> float:
+    """Relative standard error of mean(a) / mean(b), instances as the samples; nan below two each."""
     if len(a) < 2 or len(b) < 2:
-        return None
+        return math.nan
     ma, mb = statistics.fmean(a), statistics.fmean(b)
     return (ma / mb) * ((statistics.variance(a) / len(a)) / ma**2 + (statistics.variance(b) / len(b)) / mb**2) ** 0.5
 
 
 def verdict(table: list[dict[str, Any]]) -> str:
     """One line that answers the user's question: does the upload cost this GPU anything?"""
-    ups = [r for r in table if r["arm"] == "upload" and r["ratio_skip"] == r["ratio_skip"]]
+    ups = [r for r in table if r["arm"] == "upload" and not math.isnan(r["ratio_skip"])]
     if not ups:
         return "verdict: needs the upload and skip strategies"
-    if any(r["ratio_se"] != r["ratio_se"] for r in ups):
+    if any(math.isnan(r["ratio_se"]) for r in ups):
         return "verdict: needs --instances 2 or more (the instances' spread is the yardstick)"
     parts = ", ".join(f"bs {r['bs']} {100 * (r['ratio_skip'] - 1):+.2f}% ± {200 * r['ratio_se']:.2f}%" for r in ups)
     costly = [r for r in ups if r["ratio_skip"] - 1 > 2 * r["ratio_se"]]
@@ -385,11 +386,12 @@ def render(record: dict[str, Any]) -> str:
     shown: set[str] = set()
     table = rows(record)
     for r in table:
-        gap_lists = [v for v in record["arms"][r["arm"]]["gaps_us"].values() if v]
-        gaps = "" if r["arm"] in shown else (
-            f"{statistics.median(map(statistics.median, gap_lists)):.3f} ({len(gap_lists)} streams)"
-            if gap_lists else "n/a")
-        shown.add(r["arm"])
+        gaps = ""
+        if r["arm"] not in shown:  # once per strategy: the gaps are traced at the largest bs only
+            shown.add(r["arm"])
+            gap_lists = [v for v in record["arms"][r["arm"]]["gaps_us"].values() if v]
+            gaps = (f"{statistics.median(map(statistics.median, gap_lists)):.3f} ({len(gap_lists)} streams)"
+                    if gap_lists else "n/a")
         blocked = f" BLOCKED {r['blocked']}/{r['instances']}" if r["blocked"] else ""
         lines.append(f"{r['arm']:9} {r['bs']:>3} {'/'.join(r['actions']):9} {r['median']:9.1f} {r['p10']:9.1f} "
                      f"{r['p90']:9.1f} {r['ratio_skip']:7.4f} {100 * r['instance_spread']:6.2f}% {gaps:>22} "

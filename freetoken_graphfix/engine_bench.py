@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import config
-from .bench import environment, positive, progress, rotated, summary
+from .bench import ERR, OK, environment, positive, progress, rotated, summary
 
 CHILD = Path(__file__).with_name("_engine_child.py")
 RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
@@ -35,7 +35,6 @@ ARMS = ("upstream", "pre-697", *SHIM_ARMS)
 PROTECTED = ("upstream", "auto", "upload", "warm", "deferred")  # must never block, same tokens as upstream
 NEVER_UPLOADED = ("pre-697", "skip")  # the negative control
 MIN_LAYERS = 4  # a QSA layer is every 4th, the PLE layer is 1
-OK, ERR = 0, 1
 
 VOCAB, EOS = 512, 7  # EOS is also the PLE n-gram hash boundary
 PLE_LAYER = 1  # zero-based; config.json counts from one
@@ -259,7 +258,7 @@ def engine_record(layers: int, opts: argparse.Namespace, log_dir: str) -> dict[s
             warm = run_arm("upstream", model_dir, opts, log_dir, label="warmup")
             print(f"engine {layers}L warm-up run: {one_line(warm)}", file=sys.stderr, flush=True)
         runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in opts.arms}
-        order = [arm for r in range(opts.rounds) for arm in rotated(list(opts.arms), r)]
+        order = [arm for r in range(opts.rounds) for arm in rotated(opts.arms, r)]
         for arm in progress(order, len(order), f"engine arms ({layers} layers)"):
             runs[arm].append(run_arm(arm, model_dir, opts, log_dir))
             print(f"engine {layers}L {arm}: {one_line(runs[arm][-1])}", file=sys.stderr, flush=True)
