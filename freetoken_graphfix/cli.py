@@ -66,9 +66,9 @@ def _doctor_bench(line: Callable[[str, str], None]) -> int:
     if not torch.cuda.is_available():
         line("bench", "skipped: no CUDA device")
         return OK
-    from . import bench
+    from .bench import cli as bench_cli
 
-    return bench.main(["--short"])
+    return bench_cli.main(["--short"])
 
 
 def do_run(args: argparse.Namespace) -> int:
@@ -106,9 +106,9 @@ def do_patch(args: argparse.Namespace) -> int:
 
 def do_bench(args: argparse.Namespace) -> int:
     """Implementation of 'bench': hand the remaining arguments to the benchmark."""
-    from . import bench
+    from .bench import cli as bench_cli
 
-    return bench.main(args.bench_args)
+    return bench_cli.main(args.bench_args)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -138,9 +138,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # bench owns its options (argparse REMAINDER would not pass "--x" on)
-        from . import bench
+        from .bench import cli as bench_cli
 
-        return bench.main(argv[1:])
+        return bench_cli.main(argv[1:])
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s %(message)s")
     try:

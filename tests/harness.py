@@ -156,7 +156,7 @@ def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: i
                 watchdog_s: float = 1.0) -> Step:
     """One decode step in FreeToken's serving order (engine.py 1272): forward_host_ctx around replay."""
     # imported here, not at the top: tests/patched_run.py uses this module without the shim
-    from freetoken_graphfix.rig import watchdog  # releases the flag: a blocked launch is reported, not hung
+    from freetoken_graphfix.bench.rig import watchdog  # releases the flag: a blocked launch is reported, not hung
 
     batch, runs = make_batch(bs, seed)
     with watchdog(table._flag, watchdog_s) as fired, fake.stream(runner.stream):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from freetoken_graphfix import bench
+from freetoken_graphfix.bench import cli, common, cupti, replay, report, stats
 
 
 def trace(tmp_path, launches, kernels):
@@ -23,7 +23,7 @@ def trace(tmp_path, launches, kernels):
 def test_kernel_gaps_per_stream_dropping_each_arms_first_replay(tmp_path):
     kernels = [(7, 0.0, 1.0), (7, 1.5, 1.0), (9, 0.2, 2.0), (7, 3.25, 0.5)]  # stream 7 gaps 0.5, 0.75
     launches = ["a", "b", "a", "b"]
-    gaps, note = bench.kernel_gaps(trace(tmp_path, launches, kernels), launches, {"a", "b"})
+    gaps, note = cupti.kernel_gaps(trace(tmp_path, launches, kernels), launches, {"a", "b"})
     assert note == "16 kernel records for 4 launches, 4 per launch"
     assert gaps == {"a": {"7": [0.5, 0.75], "9": []}, "b": {"7": [0.5, 0.75], "9": []}}
 
@@ -31,21 +31,21 @@ def test_kernel_gaps_per_stream_dropping_each_arms_first_replay(tmp_path):
 def test_kernel_gaps_refuses_a_trace_that_does_not_split(tmp_path):
     launches = ["a", "b", "a"]
     path = trace(tmp_path, launches, [(7, 0.0, 1.0), (7, 2.0, 1.0)])
-    gaps, note = bench.kernel_gaps(path, launches + ["b"], set())
+    gaps, note = cupti.kernel_gaps(path, launches + ["b"], set())
     assert gaps == {} and note.endswith("not an equal number per launch, gaps not reported")
     overlapping = trace(tmp_path, launches, [(7, 0.0, 150.0)])
-    gaps, note = bench.kernel_gaps(overlapping, launches, set())
+    gaps, note = cupti.kernel_gaps(overlapping, launches, set())
     assert gaps == {} and "overlap" in note
 
 
 def test_summary():
-    s = bench.summary([float(v) for v in range(1, 12)])
+    s = stats.summary([float(v) for v in range(1, 12)])
     assert (s["n"], s["median"], s["p10"], s["p90"]) == (11, 6.0, 2.0, 10.0)
-    assert bench.summary([]) == {"n": 0}
+    assert stats.summary([]) == {"n": 0}
 
 
 def test_armed_hook_cost_leaves_nothing_patched():
-    cost = bench.armed_hook_cost(calls=2000)
+    cost = replay.armed_hook_cost(calls=2000)
     assert cost == pytest.approx(cost) and cost < 1000  # a number, in µs per call
 
 
@@ -54,7 +54,7 @@ def test_bench_without_cuda_says_so(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    assert bench.main([]) == bench.ERR
+    assert cli.main([]) == common.ERR
     assert "no CUDA device" in capsys.readouterr().err
 
 
@@ -75,11 +75,11 @@ def record(skip_instances, auto_instances, upload_instances=None):
 
 def test_rows_pool_instances_and_report_their_spread():
     rec = record([[100.0, 100.0, 100.0], [102.0, 102.0, 102.0]], [[101.0] * 3, [101.0] * 3])
-    skip, auto = bench.rows(rec)
+    skip, auto = stats.rows(rec)
     assert (skip["median"], skip["ratio_skip"], skip["blocked"], skip["instances"]) == (101.0, 1.0, 2, 2)
     assert skip["instance_spread"] == pytest.approx(2 / 101)
     assert (auto["ratio_skip"], auto["instance_spread"], auto["actions"]) == (1.0, 0.0, ["deferred"])
-    text = bench.render(rec)
+    text = report.render(rec)
     assert "2 graph instances per strategy" in text and "BLOCKED 2/2" in text
     assert "1.98%" in text and "0.350 (1 streams)" in text
     assert auto["ratio_se"] == pytest.approx(1 / 101)  # skip's instance medians 100 and 102: sd 1.41, se 1
@@ -88,21 +88,21 @@ def test_rows_pool_instances_and_report_their_spread():
 
 def test_verdict_weighs_the_upload_against_the_spread_of_instances():
     skip = [[100.0], [100.4], [99.6], [100.0]]
-    slower = bench.rows(record(skip, skip, [[102.0], [102.4], [101.6], [102.0]]))
-    assert "+2.00% ± 0.47%" in bench.verdict(slower) and "COSTS this GPU" in bench.verdict(slower)
-    within = bench.rows(record(skip, skip, [[100.2], [100.6], [99.8], [100.2]]))
-    assert bench.verdict(within).endswith("no measurable cost on this GPU")
-    single = bench.rows(record([[100.0]], [[100.0]], [[103.0]]))
-    assert "needs --instances 2 or more" in bench.verdict(single)
+    slower = stats.rows(record(skip, skip, [[102.0], [102.4], [101.6], [102.0]]))
+    assert "+2.00% ± 0.47%" in stats.verdict(slower) and "COSTS this GPU" in stats.verdict(slower)
+    within = stats.rows(record(skip, skip, [[100.2], [100.6], [99.8], [100.2]]))
+    assert stats.verdict(within).endswith("no measurable cost on this GPU")
+    single = stats.rows(record([[100.0]], [[100.0]], [[103.0]]))
+    assert "needs --instances 2 or more" in stats.verdict(single)
 
 
 @pytest.mark.parametrize("option", ["--instances", "--reps", "--kernels", "--streams", "--profile-reps"])
 def test_bench_refuses_bad_counts_naming_the_accepted_values(option, capsys):
     with pytest.raises(SystemExit):
-        bench.parser().parse_args([option, "-1"])
+        cli.parser().parse_args([option, "-1"])
     err = capsys.readouterr().err
     assert option in err and "accepted values are whole numbers of" in err
 
 
 def test_profile_reps_may_be_zero():
-    assert bench.parser().parse_args(["--profile-reps", "0"]).profile_reps == 0
+    assert cli.parser().parse_args(["--profile-reps", "0"]).profile_reps == 0

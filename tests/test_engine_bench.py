@@ -11,13 +11,14 @@ import sys
 import pytest
 import torch
 
-from freetoken_graphfix import config, engine_bench
+from freetoken_graphfix import config
+from freetoken_graphfix.bench import engine, model
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("engine-model")
-    return str(folder), engine_bench.build_model_dir(str(folder), layers=8)
+    return str(folder), model.build_model_dir(str(folder), layers=8)
 
 
 def test_model_dir_loads_through_freetokens_own_readers(model_dir):
@@ -33,12 +34,12 @@ def test_model_dir_loads_through_freetokens_own_readers(model_dir):
     assert {g.name: g.layer_ids for g in sc.model_config.attention_groups}["full"] == (3, 7)
     assert (sc.attention_backend, sc.moe_strategy, sc.cuda_graph_bs) == ("qsa_sparse", "fused", [1, 2])
     src = resolve_row_source(folder)  # the disk PLE backend's view of the table
-    assert (src.total_rows, src.scale) == (built["rows"] * len(built["shards"]), engine_bench.PLE_SCALE)
+    assert (src.total_rows, src.scale) == (built["rows"] * len(built["shards"]), model.PLE_SCALE)
 
 
 def test_model_dir_is_seeded(model_dir, tmp_path):
     folder, _ = model_dir
-    engine_bench.build_model_dir(str(tmp_path), layers=8)
+    model.build_model_dir(str(tmp_path), layers=8)
     for name in ("freetoken-00000.ftw", "ple-table-00000.safetensors"):
         with open(os.path.join(folder, name), "rb") as a, open(tmp_path / name, "rb") as b:
             assert a.read() == b.read(), name
@@ -46,14 +47,14 @@ def test_model_dir_is_seeded(model_dir, tmp_path):
 
 def test_too_few_layers_is_refused(tmp_path):
     with pytest.raises(ValueError, match="layers=3: need at least 4"):
-        engine_bench.build_model_dir(str(tmp_path), layers=3)
+        model.build_model_dir(str(tmp_path), layers=3)
 
 
 def test_only_shim_arms_get_the_variable(monkeypatch):
     monkeypatch.setenv(config.ENV_MODE, "auto")  # what import exported in the bench's own process
-    assert config.ENV_MODE not in engine_bench.arm_env("upstream")
-    assert config.ENV_MODE not in engine_bench.arm_env("pre-697")
-    assert engine_bench.arm_env("warm")[config.ENV_MODE] == "warm"
+    assert config.ENV_MODE not in engine.arm_env("upstream")
+    assert config.ENV_MODE not in engine.arm_env("pre-697")
+    assert engine.arm_env("warm")[config.ENV_MODE] == "warm"
 
 
 def test_child_never_imports_the_package():
@@ -61,7 +62,7 @@ def test_child_never_imports_the_package():
     child script imports nothing of freetoken_graphfix, anywhere in it."""
     import ast
 
-    tree = ast.parse(engine_bench.CHILD.read_text())
+    tree = ast.parse(engine.CHILD.read_text())
     imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
     imported += [("." * node.level) + (node.module or "") for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom)]
@@ -85,36 +86,36 @@ def shim(mode, action):
 
 
 def test_a_shim_arm_without_the_shim_is_a_problem():
-    problems = engine_bench.arm_problems("auto", result())
+    problems = engine.arm_problems("auto", result())
     assert problems and "did not reach the engine process" in problems[0] and ".pth" in problems[0]
-    assert engine_bench.arm_problems("auto", result(shim=shim("auto", "deferred"))) == []
-    assert "expected action warm" in engine_bench.arm_problems("warm", result(shim=shim("warm", "upload")))[0]
-    assert "leaked" in engine_bench.arm_problems("upstream", result(shim=shim("auto", "deferred")))[0]
-    assert "not in CUDA wait-sync" in engine_bench.arm_problems("upstream", result(wait_sync=False))[0]
-    patched = engine_bench.arm_problems("auto", result(freetoken_patched=True))
+    assert engine.arm_problems("auto", result(shim=shim("auto", "deferred"))) == []
+    assert "expected action warm" in engine.arm_problems("warm", result(shim=shim("warm", "upload")))[0]
+    assert "leaked" in engine.arm_problems("upstream", result(shim=shim("auto", "deferred")))[0]
+    assert "not in CUDA wait-sync" in engine.arm_problems("upstream", result(wait_sync=False))[0]
+    patched = engine.arm_problems("auto", result(freetoken_patched=True))
     assert patched and "stands down" in patched[0] and "--arms upstream" in patched[0]
 
 
 def record(**arms):
-    runs = {arm: [dict(r, problems=engine_bench.arm_problems(arm, r))] for arm, r in arms.items()}
+    runs = {arm: [dict(r, problems=engine.arm_problems(arm, r))] for arm, r in arms.items()}
     env = {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"}
     return {"layers": 320, "tokens": 32, "rounds": 1, "env": env, "runs": runs,
-            "summary": engine_bench.summarise(runs)}
+            "summary": engine.summarise(runs)}
 
 
 def test_verdicts():
     clean = record(upstream=result(), **{"pre-697": result(fires=[{"step": 2}], token_hash="bbbb")},
                    auto=result(shim=shim("auto", "deferred")))
-    assert engine_bench.failures(clean) == []
-    text = engine_bench.render(clean)
+    assert engine.failures(clean) == []
+    text = engine.render(clean)
     assert "pre-697 BLOCKED (watchdog fired)" in text and "safety: every protected arm" in text
     blocked = record(upstream=result(), auto=result(shim=shim("auto", "deferred"), fires=[{"step": 2}]))
-    assert engine_bench.failures(blocked) == ["auto: the watchdog released 1 blocked launch(es)"]
+    assert engine.failures(blocked) == ["auto: the watchdog released 1 blocked launch(es)"]
     drifted = record(upstream=result(), warm=result(shim=shim("warm", "warm"), token_hash="cccc"))
-    assert engine_bench.failures(drifted) == ["warm: tokens ['cccc'] differ from upstream's"]
-    assert "FAILED" in engine_bench.render(drifted)
+    assert engine.failures(drifted) == ["warm: tokens ['cccc'] differ from upstream's"]
+    assert "FAILED" in engine.render(drifted)
     patched_never = record(upstream=result(upload_ms=[], freetoken_patched=True, freetoken_graph_upload="never"))
-    assert "PATCHED (FREETOKEN_GRAPH_UPLOAD=never)" in engine_bench.render(patched_never)  # no graph protected
+    assert "PATCHED (FREETOKEN_GRAPH_UPLOAD=never)" in engine.render(patched_never)  # no graph protected
 
 
 def test_gpu_time_is_compared_with_the_never_uploaded_arm():
@@ -131,7 +132,7 @@ def test_bad_engine_options_are_named(tmp_path):
     import argparse
 
     opts = argparse.Namespace(layers=[48, 2], logs=str(tmp_path))
-    assert engine_bench.main(opts) == 1
+    assert engine.main(opts) == 1
     assert list(tmp_path.iterdir()) == []  # refused before anything ran
     out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine", "--rounds", "0"],
                          capture_output=True, text=True)

@@ -2,7 +2,7 @@
 
 Nothing of FreeToken is substituted: the real Scheduler, Engine, GraphRunner, qwen4_exp model code
 (GDN, QSA, PLE, fused MoE, FreeToken's triton and JIT kernels) and the disk PLE table in CUDA
-wait-sync mode, on a synthetic seeded model (``engine_bench.build_model_dir``). Each arm is a fresh
+wait-sync mode, on a synthetic seeded model (``bench.model.build_model_dir``). Each arm is a fresh
 engine process; shim arms get only ``FT_GRAPH_UPLOAD`` in its environment, so this needs the
 package installed (``pip install .``) for its ``.pth`` bootstrap to run there.
 """
@@ -13,7 +13,8 @@ import argparse
 
 import pytest
 
-from freetoken_graphfix import bootstrap, engine_bench
+from freetoken_graphfix import bootstrap
+from freetoken_graphfix.bench import engine
 
 pytestmark = pytest.mark.gpu
 
@@ -22,10 +23,10 @@ def engine_record(layers: int, tmp_path_factory) -> dict:
     assert bootstrap.installed_pth() is not None, (
         "freetoken-graphfix is not installed in this interpreter's site-packages: the engine processes "
         "would never get the shim (pip install . first)")
-    opts = argparse.Namespace(arms=list(engine_bench.ARMS), rounds=1, tokens=32, replays=100, warmup=True,
+    opts = argparse.Namespace(arms=list(engine.ARMS), rounds=1, tokens=32, replays=100, warmup=True,
                               watchdog=4.0, hang_timeout=300.0)
-    record = engine_bench.engine_record(layers, opts, str(tmp_path_factory.mktemp(f"engine-{layers}")))
-    print("\n" + engine_bench.render(record))
+    record = engine.engine_record(layers, opts, str(tmp_path_factory.mktemp(f"engine-{layers}")))
+    print("\n" + engine.render(record))
     return record
 
 
@@ -42,15 +43,15 @@ def large(tmp_path_factory):
 @pytest.mark.parametrize("size", ["small", "large"])
 def test_protected_arms_never_block_and_keep_upstreams_tokens(size, request):
     record = request.getfixturevalue(size)
-    assert engine_bench.failures(record) == []
-    for arm in engine_bench.PROTECTED:
+    assert engine.failures(record) == []
+    for arm in engine.PROTECTED:
         assert record["summary"][arm]["fires"] == 0, arm
 
 
 def test_never_uploaded_graphs_block_in_the_large_model(large):
     """The negative control: without any protection the 320-layer decode graphs' first launches
     block behind their own WAIT until the watchdog releases it (FreeToken's #697 deadlock)."""
-    for arm in engine_bench.NEVER_UPLOADED:
+    for arm in engine.NEVER_UPLOADED:
         summary = large["summary"][arm]
         assert summary["errors"] == [], summary["errors"]
         assert summary["fires"] >= 1, f"{arm}: no launch blocked; this test could not have failed"
@@ -62,6 +63,6 @@ def test_small_model_never_blocks_and_auto_costs_nothing(small):
     never-uploaded arm's. The 2% bound catches a protection left on the decode path (FreeToken's
     fill-worker path costs 19% per step at this size); the 0.3% target is `bench --engine`'s."""
     summary = small["summary"]
-    for arm in engine_bench.NEVER_UPLOADED:
+    for arm in engine.NEVER_UPLOADED:
         assert summary[arm]["fires"] == 0 and summary[arm]["same_tokens_as_upstream"], arm
     assert summary["auto"]["replay_gpu_vs_never_uploaded"] == pytest.approx(1.0, abs=0.02)

@@ -2,7 +2,7 @@
 
 FreeToken 0.2.1's real ``GraphRunner._capture_graphs`` and ``replay``, a real ``DiskRowTable`` in
 CUDA wait-sync mode over a synthetic safetensors PLE checkpoint, driven through the real
-``forward_host_ctx`` protocol (``freetoken_graphfix.rig``). Substituted: the model (PLE lookup, then
+``forward_host_ctx`` protocol (``freetoken_graphfix.bench.rig``). Substituted: the model (PLE lookup, then
 small kernels), the attention backend and the dummy request; nothing of FreeToken's graph,
 row-store or PLE code.
 """
@@ -21,7 +21,7 @@ STEPS = [(2, 11), (1, 12), (2, 13), (1, 14)]  # (bs, seed) in serving order, fir
 
 @pytest.fixture(scope="module")
 def rig():
-    from freetoken_graphfix.rig import Rig
+    from freetoken_graphfix.bench.rig import Rig
 
     return Rig(kernels=10000, streams=1)
 
@@ -64,7 +64,7 @@ def test_skip_blocks_the_first_launch(rig, reference, clean_shim):
 
 
 def test_deferred_at_64k_kernels(clean_shim):
-    from freetoken_graphfix.rig import Rig
+    from freetoken_graphfix.bench.rig import Rig
 
     big = Rig(kernels=64000, streams=1)
     freetoken_graphfix.install("deferred")
@@ -118,12 +118,12 @@ def test_bench_record_every_instance_measured_and_only_skip_blocked(clean_shim):
     """``bench``'s own measuring path on a graph large enough to block: every instance of every
     strategy captured through the shim, launched and timed; only ``skip`` blocks, and its
     bs 2 graph (captured first) blocks in every instance."""
-    from freetoken_graphfix import bench
+    from freetoken_graphfix.bench import cli, replay, stats
 
-    opts = bench.parser().parse_args(["--kernels", "10000", "--streams", "1", "--instances", "2", "--reps", "10",
+    opts = cli.parser().parse_args(["--kernels", "10000", "--streams", "1", "--instances", "2", "--reps", "10",
                                       "--profile-reps", "0", "--watchdog", "2"])
-    record = bench.run_arms(opts)
-    rows = {(r["arm"], r["bs"]): r for r in bench.rows(record)}
+    record = replay.run_arms(opts)
+    rows = {(r["arm"], r["bs"]): r for r in stats.rows(record)}
     assert rows["skip", "2"]["blocked"] == 2 and rows["skip", "2"]["actions"] == ["exposed"]
     for (arm, bs), r in rows.items():
         assert r["n"] == 2 * 10 and r["instances"] == 2

@@ -1,0 +1,8 @@
+"""The measuring tools: ``python -m freetoken_graphfix bench``. The shim never imports anything here.
+
+One module per thing measured: ``rig`` (FreeToken's real graph runner and PLE table on a synthetic
+decode graph), ``replay`` (replay cost per strategy), ``cupti`` (inter-kernel gaps), ``deadlock``
+(first launches), ``startup`` (interpreter start-up), ``model`` (the synthetic qwen4_exp),
+``engine`` and ``_engine_child`` (FreeToken's real engine, one process per arm); ``stats`` computes,
+``report`` renders, ``cli`` is the entry point.
+"""

@@ -1,0 +1,183 @@
+"""Replay cost per strategy: several graph instances per strategy, captured through the shim, replayed
+interleaved round-robin so slow drift of clocks or temperature lands on every arm alike."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+from .common import OK, environment, progress, rotated
+from .cupti import gaps_from_child, profile_gaps
+from .stats import summary
+
+STRATEGIES = ("upload", "skip", "warm", "deferred", "auto")
+
+
+def build_arms(opts: argparse.Namespace) -> tuple[Any, dict[tuple[str, int], Any], dict[str, dict[str, Any]]]:
+    """Capture ``opts.instances`` runners per strategy through the shim and launch each graph the way
+    FreeToken does (first launch, then a check step whose logits every arm must share with ``upload``).
+
+    Several instances per strategy because separately captured copies of one graph replay up to ~1%
+    apart on the H200 even when treated identically: one instance per arm cannot resolve a 0.3% band.
+    """
+    import torch
+
+    from .. import hooks
+    from .rig import Rig
+
+    rig = Rig(kernels=opts.kernels, streams=opts.streams, wait=not opts.no_wait, h2d=opts.h2d)
+    bs_list = tuple(sorted(opts.batch_sizes, reverse=True))
+    arms: dict[str, dict[str, Any]] = {}
+    runners: dict[tuple[str, int], Any] = {}
+    logits: dict[str, list[dict[int, Any]]] = {}
+    for arm in opts.strategies:
+        hooks.uninstall()
+        hooks.install(arm)
+        rec = arms[arm] = {"capture_s": [], "graphs": {},
+                           "first_launch": {str(bs): {"launch_ms": [], "blocked": []} for bs in bs_list},
+                           "replay_us": {str(bs): [[] for _ in range(opts.instances)] for bs in bs_list}}
+        for i in range(opts.instances):
+            t0 = time.perf_counter()
+            runner = runners[arm, i] = rig.capture(bs_list)
+            rec["capture_s"].append(time.perf_counter() - t0)
+            for g in hooks.status()["passes"][-1]["graphs"]:
+                graph = rec["graphs"].setdefault(str(g["name"]), {"action": [], "hook_ms": []})
+                graph["action"].append(g["action"])
+                graph["hook_ms"].append(g["hook_ms"])
+            for bs in bs_list:
+                first = rig.step(runner, bs, seed=bs, watchdog_s=opts.watchdog)
+                rec["first_launch"][str(bs)]["launch_ms"].append(first.launch_ms)
+                rec["first_launch"][str(bs)]["blocked"].append(first.fired)
+            logits.setdefault(arm, []).append(
+                {bs: rig.step(runner, bs, seed=1000 + bs, watchdog_s=opts.watchdog).logits for bs in bs_list})
+    hooks.uninstall()
+    ref = logits.get("upload", next(iter(logits.values())))[0]
+    for arm, per_instance in logits.items():
+        arms[arm]["logits_equal_upload"] = all(torch.equal(got[bs], ref[bs]) for got in per_instance for bs in bs_list)
+    return rig, runners, arms
+
+
+def launcher(rig: Any, runners: dict[tuple[str, int], Any]) -> Any:
+    """Replay instance ``i`` of ``arm``'s graph for ``bs``, its head WAIT released just before the launch."""
+    from ..device import read_flag, signal_flag
+
+    flag = rig.table._flag if rig.table is not None else None
+
+    def launch(arm: str, i: int, bs: int) -> None:
+        if flag is not None:
+            assert read_flag(flag) == 0, "surplus release"
+            signal_flag(flag)  # the WAIT passes at once: time the graph, not the host's fill
+        runners[arm, i].graph_map[bs].replay()
+
+    return launch
+
+
+def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
+    """The replay-cost record: every instance of every arm captured and launched, then interleaved
+    timed replays. CUPTI is never initialised in this process (it slows and spreads every replay);
+    the gaps come from a child process that captures the same arms under the profiler."""
+    import torch
+
+    rig, runners, arms = build_arms(opts)
+    keys, stream = list(runners), rig.stream
+    bs_list = sorted(map(int, next(iter(arms.values()))["replay_us"]), reverse=True)
+    launch = launcher(rig, runners)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        for arm, i in keys:  # warm-up: every graph a few times
+            for bs in bs_list:
+                for _ in range(3):
+                    launch(arm, i, bs)
+                    stream.synchronize()
+        for rep in progress(range(opts.reps), opts.reps, "interleaved replays"):
+            for arm, i in rotated(keys, rep):
+                for bs in bs_list:
+                    start.record(stream)
+                    launch(arm, i, bs)
+                    end.record(stream)
+                    end.synchronize()
+                    arms[arm]["replay_us"][str(bs)][i].append(1e3 * start.elapsed_time(end))
+    record = {"env": environment(), "config": {k: v for k, v in vars(opts).items() if k not in ("json", "plot")},
+              "arms": arms, "host_overhead": host_overhead(rig, runners.get(("auto", 0)) or runners[keys[0]])}
+    gaps, record["gaps_note"] = gaps_from_child(opts) if opts.profile_reps else ({}, "not traced (--profile-reps 0)")
+    for arm in arms:
+        arms[arm]["gaps_us"] = gaps.get(arm, {})
+    return record
+
+
+def host_overhead(rig: Any, runner: Any, blocks: int = 20, per_block: int = 25) -> dict[str, Any]:
+    """Per-step host time (forward_host_ctx around replay, no sync) with and without the shim installed,
+    on the same graphs, in alternating blocks; and the cost of one armed replay hook call."""
+    import gc
+
+    import torch
+
+    from .. import hooks
+
+    bs = min(runner.graph_map)
+    times: dict[str, list[float]] = {"shim installed": [], "shim uninstalled": []}
+    for block in range(blocks):
+        for arm in (("shim installed", "shim uninstalled") if block % 2 else ("shim uninstalled", "shim installed")):
+            hooks.install("auto") if arm == "shim installed" else hooks.uninstall()
+            gc.collect()
+            for i in range(per_block):
+                batch = rig.batch(bs, seed=i)
+                t0 = time.perf_counter()
+                with torch.cuda.stream(rig.stream), rig.ctx.forward_batch(batch), rig.host_ctx(batch):
+                    runner.replay(batch)
+                times[arm].append(1e6 * (time.perf_counter() - t0))
+                rig.stream.synchronize()
+    hooks.uninstall()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"step_host_us": {k: summary(v) for k, v in times.items()},
+            "ratio": med["shim installed"] / med["shim uninstalled"], "armed_hook_us": armed_hook_cost()}
+
+
+def armed_hook_cost(calls: int = 20000) -> float:
+    """Extra host µs per ``GraphRunner.replay`` call while deferred hooks are armed (an unmarked graph)."""
+    from types import SimpleNamespace
+
+    from ..deferred import FirstLaunchGuard
+
+    class Graph:
+        pass
+
+    class Runner:
+        graph_map = {1: Graph()}
+
+        def replay(self, batch: Any) -> None:
+            return None
+
+    runner, batch = Runner(), SimpleNamespace(padded_size=1)
+
+    def timed() -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            runner.replay(batch)
+        return time.perf_counter() - t0
+
+    plain = timed()
+    guard = FirstLaunchGuard(Runner, lambda graph, stream: None)
+    pending = Graph()
+    guard.mark(pending, [], lambda how: None)  # another graph awaits its first launch: the hook stays armed
+    armed = timed()
+    guard.forget()
+    return 1e6 * (armed - plain) / calls
+
+
+def gaps_child(opts: argparse.Namespace) -> int:
+    """In a fresh process: initialise CUPTI, capture the arms, trace replays, write the gaps."""
+    from torch.profiler import _utils
+
+    # CUPTI must be initialised before graphs are captured, or their kernels go untraced (PyTorch #75504)
+    _utils._init_for_cuda_graphs()
+    rig, runners, arms = build_arms(opts)
+    bs = max(opts.batch_sizes)
+    launch = launcher(rig, runners)
+    gaps, note = profile_gaps(list(arms), bs, lambda arm, bs: launch(arm, 0, bs), rig.stream, opts.profile_reps)
+    with open(opts.gaps_child, "w") as fh:
+        json.dump({"gaps": gaps, "note": note + f" (bs {bs})"}, fh)
+    return OK

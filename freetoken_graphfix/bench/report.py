@@ -1,0 +1,66 @@
+"""The replay benchmark's table and plot, derived from its raw record (``replay.run_arms``)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from .stats import rows, verdict
+
+
+def render(record: dict[str, Any]) -> str:
+    env, cfg = record["env"], record["config"]
+    lines = [f"{env['gpu']} | driver {env['driver']} | torch {env['torch']} | freetoken {env['freetoken']} | "
+             f"{env['date']}",
+             f"graph: {cfg['kernels']} kernels over {cfg['streams']} streams, head WAIT "
+             f"{'no' if cfg['no_wait'] else 'yes (real DiskRowTable)'}, H2D {'yes' if cfg['h2d'] else 'no'}, "
+             f"bs {cfg['batch_sizes']}; {cfg['instances']} graph instances per strategy, {cfg['reps']} interleaved "
+             "replays each; times in µs (all instances pooled)",
+             f"{'strategy':9} {'bs':>3} {'action':9} {'median':>9} {'p10':>9} {'p90':>9} {'/skip':>7} {'spread':>7} "
+             f"{'gap µs (med/stream)':>22} {'1st launch ms':>14} {'hook ms':>8} {'logits':>7}"]
+    shown: set[str] = set()
+    table = rows(record)
+    for r in table:
+        gaps = ""
+        if r["arm"] not in shown:  # once per strategy: the gaps are traced at the largest bs only
+            shown.add(r["arm"])
+            gap_lists = [v for v in record["arms"][r["arm"]]["gaps_us"].values() if v]
+            gaps = (f"{statistics.median(map(statistics.median, gap_lists)):.3f} ({len(gap_lists)} streams)"
+                    if gap_lists else "n/a")
+        blocked = f" BLOCKED {r['blocked']}/{r['instances']}" if r["blocked"] else ""
+        lines.append(f"{r['arm']:9} {r['bs']:>3} {'/'.join(r['actions']):9} {r['median']:9.1f} {r['p10']:9.1f} "
+                     f"{r['p90']:9.1f} {r['ratio_skip']:7.4f} {100 * r['instance_spread']:6.2f}% {gaps:>22} "
+                     f"{r['first_launch_ms']:>14.2f}{blocked} {r['hook_ms']:8.2f} "
+                     f"{'same' if r['logits_equal_upload'] else 'DIFF':>7}")
+    lines.append("spread: max - min of the instances' medians over the pooled median; /skip: pooled medians")
+    lines.append(verdict(table))
+    lines.append(f"CUPTI: {record.get('gaps_note', 'n/a')}")
+    ho = record.get("host_overhead")
+    if ho:
+        st = ho["step_host_us"]
+        lines.append(f"host time per decode step (forward_host_ctx + replay, median µs): shim installed "
+                     f"{st['shim installed']['median']:.1f}, uninstalled {st['shim uninstalled']['median']:.1f}, "
+                     f"ratio {ho['ratio']:.4f}; armed replay hook {ho['armed_hook_us']:.2f} µs/call "
+                     "(only until every deferred graph has launched once)")
+    return "\n".join(lines)
+
+
+def plot(record: dict[str, Any], path: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "--plot skipped: matplotlib is not installed"
+    arms = {a: [g for v in r["gaps_us"].values() for g in v] for a, r in record["arms"].items() if r["gaps_us"]}
+    if not arms:
+        return "--plot skipped: no CUPTI gaps were recorded"
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.boxplot(list(arms.values()), showfliers=False)
+    ax.set_xticks(range(1, len(arms) + 1), list(arms))
+    ax.set_ylabel("inter-kernel gap per stream (µs)")
+    ax.set_title(f"{record['env']['gpu']}, driver {record['env']['driver']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return f"wrote {path}"
