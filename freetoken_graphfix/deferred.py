@@ -4,30 +4,33 @@ A never-uploaded graph is only dangerous on its first launch, when the driver's 
 block ``cudaGraphLaunch`` behind the graph's own WAIT while the PLE fill that releases it waits for
 the launch to return. For that one launch the guard submits the step's fill to a helper thread
 before the launch and joins it after, the ordering FreeToken 0.2.1 already uses on ROCm
-(``ple_disk.py`` 299-302, 328-341). Later launches take FreeToken's normal path: once every marked
-graph has launched, the hooks are removed and nothing of the shim is left on the decode path.
+(``ple_disk.py`` 299-302, 328-341). Later launches take FreeToken's normal path, untouched.
 
-Hooks, installed only while a marked graph awaits its first launch:
+The state lives on FreeToken's own objects, as instance attributes that shadow their class's
+method, so it dies with them (a rebuild's ``destroy_cuda_graphs``, a dropped engine) and costs the
+other objects nothing:
 
-- ``GraphRunner.replay`` (class attribute; ``engine.py`` binds the class by name) tells which graph
-  is launching: ``graph_map[batch.padded_size]``.
-- ``DiskRowTable.host_fill_batch`` returns the step's deferred fill on CUDA wait-sync. FreeToken's
-  ``forward_host_ctx`` looks it up on the class at every call, so the patch also reaches tables
-  (and models holding a bound ``forward_host_ctx``) built before it.
+- a marked graph's ``replay`` is a :class:`FirstLaunch`. ``GraphRunner.replay`` calls ``g.replay()``
+  only after ``copy_from`` and ``prepare_for_replay`` succeeded, with ``g`` picked by
+  ``batch.padded_size``, so the guard runs exactly at ``cudaGraphLaunch``; a launch that raised keeps
+  its mark for the retry, a launch that returned removes it. Every other graph is never touched.
+- a ``DiskRowTable`` read by a marked graph gets a :class:`FillStager` as its ``host_fill_batch``:
+  FreeToken's ``forward_host_ctx`` calls ``self.host_fill_batch`` at every dispatch (also when a
+  model holds a bound ``forward_host_ctx`` from before the shim), so the stager sees the step's
+  deferred fill before the launch. It removes itself once no graph reading the table awaits a
+  first launch; while one does, it costs one call per dispatch (``bench`` measures it).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from .device import clear_flag
+from .device import Device, clear_flag
 
 logger = logging.getLogger("freetoken_graphfix")
 
@@ -35,10 +38,11 @@ logger = logging.getLogger("freetoken_graphfix")
 class StagedFill:
     """The fill ``host_fill_batch`` returned for one step; runs once, here or on the helper."""
 
-    __slots__ = ("_fill", "ran", "error")
+    __slots__ = ("_fill", "bs", "ran", "error")
 
-    def __init__(self, fill: Callable[[], None]) -> None:
+    def __init__(self, fill: Callable[[], None], bs: int) -> None:
         self._fill = fill
+        self.bs = bs  # the padded batch size of the step it was staged for
         self.ran = False
         self.error: BaseException | None = None
 
@@ -60,134 +64,163 @@ class StagedFill:
             self.error = exc
 
 
-@dataclass
-class _Mark:
-    graph: weakref.ref  # weak: a rebuild's destroy_cuda_graphs frees the graph, and the mark goes stale
-    tables: list[Any]  # the DiskRowTables whose fill releases its WAITs
-    on_launched: Callable[[str], None]
+class FillStager:
+    """One ``DiskRowTable``'s ``host_fill_batch`` while graphs reading the table await a first launch."""
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+        self._original = _class_attribute(type(table), "host_fill_batch")
+        self._graphs: dict[weakref.ref, int] = {}  # the waiting graphs reading this table -> their bs
+        self.pending_bs: frozenset[int] = frozenset()  # what __call__ checks, once per dispatch
+        self.staged: StagedFill | None = None
+
+    @staticmethod
+    def of(table: Any) -> FillStager:
+        """The table's stager, installed now if it has none."""
+        current = vars(table).get("host_fill_batch")
+        if isinstance(current, FillStager):
+            return current
+        stager = FillStager(table)
+        table.host_fill_batch = stager
+        return stager
+
+    def __call__(self, batch: Any, use_graph: bool) -> Any:
+        fill = self._original(self._table, batch, use_graph)
+        if fill is None or not use_graph or batch.padded_size not in self.pending_bs:
+            self.staged = None
+            if not self._graphs:
+                self.remove()  # every graph reading this table has launched (or died)
+            return fill
+        self.staged = StagedFill(fill, batch.padded_size)
+        return self.staged
+
+    def take(self) -> StagedFill | None:
+        staged, self.staged = self.staged, None
+        return staged
+
+    def add(self, graph: Any, bs: int) -> None:
+        self._graphs[weakref.ref(graph, self._died)] = bs
+        self.pending_bs = frozenset(self._graphs.values())
+
+    def forget(self, graph: Any) -> None:
+        self._died(weakref.ref(graph))
+        if not self._graphs:
+            self.remove()
+
+    def _died(self, ref: weakref.ref) -> None:  # a graph freed before its first launch (a rebuild)
+        self._graphs.pop(ref, None)
+        self.pending_bs = frozenset(self._graphs.values())
+
+    def remove(self) -> None:
+        if vars(self._table).get("host_fill_batch") is self:
+            del self._table.host_fill_batch
 
 
-class FirstLaunchGuard:
-    """Runs the PLE fill of each marked graph's first launch on a helper thread around the launch.
+class FirstLaunch:
+    """A marked graph's ``replay`` until its first launch returns: the fill runs on a helper thread."""
 
-    While armed, ``GraphRunner.replay`` and ``DiskRowTable.host_fill_batch`` are plain functions,
-    not wrapt proxies: they sit on the decode path until the last marked graph has launched, and a
-    plain function with an ``id()`` lookup costs about 0.12 µs a call where a wrapt wrapper with a
-    weak-key lookup cost 1.1 µs (development machine).
-    """
+    def __init__(self, guard: FirstLaunchGuard, graph: Any, bs: int, stream: Any, tables: list[Any],
+                 on_launched: Callable[[str], None]) -> None:
+        self._guard, self._graph, self.bs, self.stream = guard, graph, bs, stream
+        self._stagers = [FillStager.of(table) for table in tables]
+        self._tables = tables
+        self._on_launched = on_launched
+        for stager in self._stagers:
+            stager.add(graph, bs)
 
-    def __init__(self, runner_cls: type, upload: Callable[[Any, Any], None]) -> None:
-        self._runner_cls = runner_cls
-        self._upload = upload  # FreeToken's original _upload_graph: the fallback for a bare launch
-        self._marked: dict[int, _Mark] = {}  # by id(graph)
-        self._staged: dict[int, StagedFill] = {}  # by id(table): this step's fill
-        self._armed: list[tuple[type, str, Any, Any]] = []  # (class, name, original, ours)
-
-    @property
-    def armed(self) -> bool:
-        return bool(self._armed)
-
-    @property
-    def pending(self) -> int:
-        """Marked graphs still alive and not launched yet."""
-        return sum(mark.graph() is not None for mark in self._marked.values())
-
-    def mark(self, graph: Any, tables: list[Any], on_launched: Callable[[str], None]) -> None:
-        """Guard ``graph``'s first launch; ``tables`` are the DiskRowTables whose fill releases it."""
-        self._marked[id(graph)] = _Mark(weakref.ref(graph), tables, on_launched)
-        for table in tables:
-            self._arm(_defining_class(type(table), "host_fill_batch"), "host_fill_batch", self._host_fill_hook)
-        self._arm(self._runner_cls, "replay", self._replay_hook)
-
-    def disarm(self) -> None:
-        """Remove the hooks, restoring the exact original class attributes."""
-        while self._armed:
-            restore(*self._armed.pop())
-
-    def forget(self) -> None:
-        """Drop every mark (the graphs are being destroyed) and remove the hooks."""
-        self._marked.clear()
-        self._staged.clear()
-        self.disarm()
-
-    def _arm(self, cls: type, name: str, make: Callable[[Any], Any]) -> None:
-        if any(c is cls and n == name for c, n, _, _ in self._armed):
-            return
-        original = vars(cls)[name]
-        ours = functools.wraps(original)(make(original))
-        setattr(cls, name, ours)
-        self._armed.append((cls, name, original, ours))
-
-    def _host_fill_hook(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def host_fill_batch(table: Any, *args: Any, **kwargs: Any) -> Any:
-            fill = original(table, *args, **kwargs)
-            if fill is None:
-                return None
-            staged = self._staged[id(table)] = StagedFill(fill)
-            return staged
-
-        return host_fill_batch
-
-    def _replay_hook(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        marked = self._marked
-
-        def replay(runner: Any, batch: Any) -> Any:
-            if id(runner.graph_map.get(batch.padded_size)) not in marked:
-                return original(runner, batch)
-            return self._first_launch(runner, batch, original)
-
-        return replay
-
-    def _first_launch(self, runner: Any, batch: Any, launch: Callable[..., Any]) -> Any:
-        graph = runner.graph_map[batch.padded_size]
-        mark = self._marked.pop(id(graph))
-        try:
-            if mark.graph() is not graph:  # a stale mark whose graph was freed and its id reused
-                return launch(runner, batch)
-            return self._guarded(graph, mark, runner, batch, launch)
-        finally:
-            if not self.pending:
-                self._marked.clear()
-                self.disarm()  # every marked graph has launched: nothing of the shim stays on the hot path
-
-    def _guarded(self, graph: Any, mark: _Mark, runner: Any, batch: Any, launch: Callable[..., Any]) -> Any:
-        fills = [self._staged.pop(id(table), None) for table in mark.tables]
-        t0 = time.perf_counter()
-        if any(fill is None or fill.ran for fill in fills):
-            # launched outside forward_host_ctx: no fill will release the WAIT, so protect it the
-            # way FreeToken does rather than risk the deadlock
+    def __call__(self) -> None:
+        graph = self._graph
+        fills = [stager.take() for stager in self._stagers]
+        if any(fill is None or fill.ran or fill.bs != self.bs for fill in fills):
+            # launched outside forward_host_ctx (or with another step's fill): nothing will release
+            # the WAIT, so protect it the way FreeToken does rather than risk the deadlock
             logger.error("first launch of a deferred graph (bs=%s) with no PLE fill staged for it; "
-                         "uploading it first (FreeToken's protection)", batch.padded_size)
-            self._upload(graph, runner.stream)
-            mark.on_launched("uploaded at first launch: no fill staged")
-            return launch(runner, batch)
+                         "uploading it first (FreeToken's protection)", self.bs)
+            self._guard.upload(graph, self.stream)
+            self.consume("uploaded at first launch: no fill staged")
+            return type(graph).replay(graph)
 
         import torch
 
         inference = torch.is_inference_mode_enabled()
-        helper = threading.Thread(target=lambda: [f.run_on_helper(inference) for f in fills],
-                                  name="graphfix-first-fill", daemon=True)
+        on_device = self._guard.device.helper_context()
+
+        def run_fills() -> None:
+            with on_device():  # the engine thread's CUDA device: no context on another GPU
+                for fill in fills:
+                    fill.run_on_helper(inference)
+
+        helper = threading.Thread(target=run_fills, name="graphfix-first-fill", daemon=True)
+        t0 = time.perf_counter()
         # The PLE store is engine-thread only and has no locks. Between start() and join() the
         # engine thread does nothing but cudaGraphLaunch, which touches no host-table state, and it
         # joins the helper before returning to forward_host_ctx: no other access can overlap.
         helper.start()
         try:
-            out = launch(runner, batch)
+            type(graph).replay(graph)
         except BaseException:
             helper.join()
-            # A launch that raised left no WAIT pending, but the fill already released its flag:
-            # withdraw that release, so the next step's WAIT is not passed before its own fill.
-            for table in mark.tables:
+            # The launch failed, so no WAIT is pending, but the fill already released its flag:
+            # withdraw that release (the next step's WAIT must not pass before its own fill) and
+            # keep the mark, so the retry is still protected.
+            for table in self._tables:
                 clear_flag(table._flag)
-            mark.on_launched("launch raised; release withdrawn")
+            self._on_launched("launch raised; release withdrawn, still pending")
             raise
         helper.join()
         errors = [f.error for f in fills if f.error is not None]
-        mark.on_launched(f"fill on helper thread, {1e3 * (time.perf_counter() - t0):.2f} ms"
-                         + (f"; fill raised {errors[0]!r}" if errors else ""))
+        self.consume(f"fill on helper thread, {1e3 * (time.perf_counter() - t0):.2f} ms"
+                     + (f"; fill raised {errors[0]!r}" if errors else ""))
         if errors:
             raise errors[0]  # the flag was released by FreeToken's own error path; output discarded
-        return out
+
+    def consume(self, how: str) -> None:
+        """The graph is protected from here on: FreeToken's own ``replay`` is back on it."""
+        if vars(self._graph).get("replay") is self:
+            del self._graph.replay
+        for stager in self._stagers:
+            stager.forget(self._graph)
+        self._guard.forget(self._graph)
+        self._on_launched(how)
+
+
+class FirstLaunchGuard:
+    """Marks graphs for a guarded first launch, and finds the ones still waiting for it.
+
+    Holds the pending graphs weakly, by object: a graph freed by a rebuild simply leaves, and
+    nothing here keeps a dropped engine, its graphs or its tables alive.
+    """
+
+    def __init__(self, upload: Callable[[Any, Any], None], device: Device) -> None:
+        self.upload = upload  # FreeToken's original _upload_graph: the fallback for a bare launch
+        self.device = device
+        self._pending: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    @property
+    def pending(self) -> int:
+        """Marked graphs still alive and not launched yet."""
+        return len(self._pending)
+
+    def mark(self, graph: Any, bs: int, stream: Any, tables: list[Any], on_launched: Callable[[str], None]) -> None:
+        """Guard ``graph``'s first launch; ``tables`` are the DiskRowTables whose fill releases it."""
+        graph.replay = FirstLaunch(self, graph, bs, stream, tables, on_launched)
+        self._pending.add(graph)
+
+    def forget(self, graph: Any) -> None:
+        self._pending.discard(graph)
+
+    def protect_pending(self, how: str) -> int:
+        """Upload every graph still awaiting its first launch (FreeToken's own protection) and unmark
+        it; returns how many. Raises whatever the upload raises, leaving the rest marked."""
+        graphs = list(self._pending)
+        for graph in graphs:
+            first = vars(graph).get("replay")
+            if isinstance(first, FirstLaunch):
+                self.upload(graph, first.stream)
+                first.consume(how)
+            else:  # someone replaced our replay on the graph: nothing of ours left to remove
+                self.forget(graph)
+        return len(graphs)
 
 
 def restore(owner: Any, name: str, original: Any, ours: Any) -> None:
@@ -199,8 +232,13 @@ def restore(owner: Any, name: str, original: Any, ours: Any) -> None:
                        getattr(owner, "__qualname__", getattr(owner, "__name__", owner)), name)
 
 
-def _defining_class(cls: type, name: str) -> type:
+def is_stager(value: Any) -> bool:
+    """Whether ``value`` is the shim's own stand-in for a table's ``host_fill_batch``."""
+    return isinstance(value, FillStager)
+
+
+def _class_attribute(cls: type, name: str) -> Any:
     for klass in cls.__mro__:
         if name in vars(klass):
-            return klass
+            return vars(klass)[name]
     raise AttributeError(f"{cls.__qualname__} has no {name}")

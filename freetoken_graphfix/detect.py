@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from .deferred import is_stager
+
 PLE_MODULE = "freetoken.models.qwen4_exp.ple_disk"
 ENGRAM_MODULE = "freetoken.models.deepseek_v41.engram_table"
 
@@ -59,9 +61,10 @@ def known_owner(owner: Any) -> tuple[str, Release, bool] | None:
     ple = _class_from(PLE_MODULE, "DiskRowTable")
     if ple is not None and isinstance(owner, ple):
         if getattr(owner, "_worker", None) is None:
-            # host_fill_batch is looked up on the class at call time (ple_disk.py forward_host_ctx),
-            # so a class patch reaches it; an instance attribute would shadow the patch.
-            deferrable = "host_fill_batch" not in vars(owner)
+            # forward_host_ctx calls self.host_fill_batch at every dispatch: the deferred guard
+            # stands in for it there, unless something else already shadows it on the instance.
+            shadow = vars(owner).get("host_fill_batch")
+            deferrable = shadow is None or is_stager(shadow)
             return "PLE wait-sync", Release.AFTER_LAUNCH, deferrable
         return "PLE wait-sync (ple-fill worker)", Release.BEFORE_LAUNCH, False
     engram = _class_from(ENGRAM_MODULE, "EngramDiskTable")

@@ -6,13 +6,17 @@ with plain loads and stores, exactly as the GPU's stream memops see them, on any
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 
 class Device(Protocol):
-    """What the strategies need from the device: capture state, launch, bounded wait, rank count."""
+    """What the strategies need from the device: capture state, launch, bounded wait, rank count,
+    and the calling thread's device for the helper threads it starts."""
 
     def is_capturing(self) -> bool: ...
 
@@ -21,6 +25,8 @@ class Device(Protocol):
     def wait_idle(self, stream: Any, timeout_s: float) -> bool: ...
 
     def world_size(self) -> int: ...
+
+    def helper_context(self) -> Callable[[], AbstractContextManager[None]]: ...
 
 
 class CudaDevice:
@@ -50,6 +56,19 @@ class CudaDevice:
                 return False
             time.sleep(50e-6)
         return True
+
+    def helper_context(self) -> Callable[[], AbstractContextManager[None]]:
+        """What a helper thread enters to run on the calling thread's CUDA device.
+
+        The current device is per thread: a helper that makes CUDA calls (the PLE fill's event
+        syncs) without it would use device 0, and create a context there when the engine runs on
+        another GPU (``--gpu 1``)."""
+        import torch
+
+        if not torch.cuda.is_initialized():
+            return contextlib.nullcontext
+        index = torch.cuda.current_device()
+        return lambda: torch.cuda.device(index)
 
     def world_size(self) -> int:
         try:

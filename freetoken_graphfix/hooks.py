@@ -76,7 +76,10 @@ class _State:
         self.recorder = WaitRecorder()
         self.passes: list[CapturePass] = []
         self.current: CapturePass | None = None
+        # the pass's deferred graphs, marked once it has filled graph_map: (graph, stream, tables, record)
+        self.to_mark: list[tuple[Any, Any, list[Any], GraphRecord]] = []
         self.guard: FirstLaunchGuard | None = None
+        self.uninstalled: str = ""  # what uninstall() did with graphs still awaiting a first launch
 
 
 _state = _State()
@@ -94,6 +97,7 @@ def install(mode: str | Mode | None = None, *, device: Device | None = None,
     if _state.installed:
         logger.debug("freetoken_graphfix already installed (mode %s)", _state.mode)
         return
+    _state.uninstalled = ""
     resolved = config.parse_mode(mode, source="mode") if mode is not None else config.mode_from_env()
     _state.env_before = os.environ.get(config.ENV_MODE)
     os.environ[config.ENV_MODE] = resolved.value
@@ -115,9 +119,13 @@ def uninstall() -> None:
     if not _state.installed:
         logger.debug("freetoken_graphfix not installed; nothing to uninstall")
         return
-    if _state.guard is not None:
-        _state.guard.forget()
-        _state.guard = None
+    if _state.guard is not None and _state.guard.pending:
+        # Nothing was uploaded for these graphs and no guard will be left to fill their first
+        # launch: give them FreeToken's own protection, which is what uninstall() restores.
+        count = _state.guard.protect_pending("uploaded at uninstall() (FreeToken's protection)")
+        _state.uninstalled = f"uploaded {count} graph(s) still awaiting their first launch"
+        logger.info("uninstall: %s (FreeToken's own protection)", _state.uninstalled)
+    _state.guard = None
     _unwrap_all()
     _state.recorder.clear()
     _state.current = None
@@ -154,7 +162,7 @@ def status() -> dict[str, Any]:
         "deferred": {"available": bool(compat and compat.deferred),
                      "reason": compat.deferred_reason if compat else None,
                      "pending_first_launches": guard.pending if guard else 0,
-                     "hooks_armed": bool(guard and guard.armed)},
+                     "at_uninstall": _state.uninstalled},
         "passes": [asdict(p) for p in _state.passes],
     }
 
@@ -184,7 +192,7 @@ def _on_graph_import(graph: ModuleType) -> None:
         logger.warning("not patched: %s", _state.compat.reason)
         return
     if compat.deferred:
-        _state.guard = FirstLaunchGuard(graph.GraphRunner, _state.patches[0][2])
+        _state.guard = FirstLaunchGuard(_state.patches[0][2], _state.device)
     elif _state.mode is Mode.DEFERRED:
         logger.warning("FT_GRAPH_UPLOAD=deferred but %s: graphs that need protection get warm",
                        compat.deferred_reason)
@@ -213,18 +221,35 @@ def _on_wait_reset(wrapped: Callable[..., Any], instance: Any, args: tuple, kwar
 
 
 def _on_capture_graphs(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    _state.recorder.clear()
-    if _state.guard is not None and not _state.guard.pending:
-        _state.guard.disarm()
+    _state.recorder.clear()  # a capture outside any pass (a test, a tool) must not leak its WAITs in
     capture = _state.current = CapturePass(len(_state.passes), "GraphRunner._capture_graphs")
     _state.passes.append(capture)
     try:
-        return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
+    except BaseException:
+        for *_, record in _state.to_mark:
+            record.first_launch = "the capture pass raised: never launched"
+        raise
+    else:
+        _mark_deferred(instance)
+        return result
     finally:
         _state.recorder.clear()
+        _state.to_mark.clear()  # a pass that raised built no runner: nothing of it can launch
         _state.current = None
         capture.done = True
         logger.info("%s", capture.summary())
+
+
+def _mark_deferred(runner: Any) -> None:
+    """Guard the first launch of the pass's deferred graphs, now that ``graph_map`` names their bs."""
+    by_graph = {id(g): bs for bs, g in getattr(runner, "graph_map", {}).items()}
+    for graph, stream, tables, record in _state.to_mark:
+        bs = by_graph.get(id(graph))
+        if bs is None:  # not kept by the runner: it can never be launched through it
+            record.first_launch = "not in the runner's graph_map: never launched"
+            continue
+        _state.guard.mark(graph, bs, stream, tables, lambda how, record=record: setattr(record, "first_launch", how))
 
 
 def _on_upload_graph(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> None:
@@ -239,8 +264,10 @@ def _on_upload_graph(wrapped: Callable[..., Any], instance: Any, args: tuple, kw
     name = f"bs={bs}" if bs is not None else f"graph #{index}"
     waits = _state.recorder.drain()
     compat = _state.compat
-    defer_unavailable = None if (compat and compat.deferred) else (
-        compat.deferred_reason if compat else "FreeToken not inspected")
+    defer_unavailable = (
+        (compat.deferred_reason if compat else "FreeToken not inspected") if not (compat and compat.deferred)
+        else None if _state.current is not None
+        else "captured outside GraphRunner._capture_graphs: no runner launches it")
     decision = decide(_state.mode, waits, defer_unavailable=defer_unavailable)
     record = GraphRecord(index, name, [w.describe() for w in waits], decision.action.value,
                          decision.reason, 0.0)
@@ -255,8 +282,8 @@ def _on_upload_graph(wrapped: Callable[..., Any], instance: Any, args: tuple, kw
             _warm(graph, stream, waits, name, lambda: wrapped(*args, **kwargs))
         elif decision.action is Action.DEFERRED:
             record.first_launch = "pending"
-            _state.guard.mark(graph, list({id(w.owner): w.owner for w in waits if w.after_launch}.values()),
-                              lambda how: setattr(record, "first_launch", how))
+            tables = list({id(w.owner): w.owner for w in waits if w.after_launch}.values())
+            _state.to_mark.append((graph, stream, tables, record))
         elif decision.action is Action.EXPOSED:
             flags = ", ".join(f"{w.kind} flag {w.describe()['flag']}" for w in waits if w.after_launch)
             logger.warning("graph %s holds a WAIT released only after its launch returns (%s); "
@@ -271,8 +298,9 @@ def _warm(graph: Any, stream: Any, waits: list, name: str, upload: Callable[[], 
         return
     message = f"warm replay of graph {name} failed: {outcome.detail}"
     if not outcome.finished or _state.device.world_size() > 1:
-        # Under tensor parallelism the peers warm-replayed (and ran its collectives): a silent
-        # fallback here would put this rank on a different path from theirs.
+        # A graph still running cannot have an upload queued behind it (its sync would wait on
+        # it); and under tensor parallelism the peers warm-replayed (and ran its collectives): a
+        # silent fallback here would put this rank on a different path from theirs.
         raise WarmReplayError(message)
     logger.error("%s; falling back to FreeToken's cuGraphUpload", message)
     upload()

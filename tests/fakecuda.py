@@ -111,6 +111,9 @@ class FakeCuda:
         self.world = 1
         self.halt = threading.Event()  # ends every fake GPU thread at teardown
         self.large = True
+        self.device_index = 0  # the engine thread's CUDA device
+        self._thread_device = threading.local()
+        self.helper_devices: list[int] = []
 
     # ---- freetoken_graphfix.device.Device
     def is_capturing(self) -> bool:
@@ -128,6 +131,22 @@ class FakeCuda:
 
     def world_size(self) -> int:
         return self.world
+
+    def helper_context(self):
+        """Helpers record the device index the engine thread was on when they started."""
+        index = self.device_index
+
+        @contextlib.contextmanager
+        def on_device():
+            before = getattr(self._thread_device, "index", 0)
+            self._thread_device.index = index
+            self.helper_devices.append(index)
+            try:
+                yield
+            finally:
+                self._thread_device.index = before
+
+        return on_device
 
     # ---- what torch.cuda / the driver provide to FreeToken
     @contextlib.contextmanager

@@ -89,14 +89,17 @@ class Ctx:
 
 class PleModel:
     """A decode forward: the real ``DiskRowTable.lookup`` (WAIT + staging copy), then a kernel that
-    reads the staged rows as the GPU would, after the WAIT."""
+    reads the staged rows as the GPU would, after the WAIT. ``head_s``: a slow head, GPU work of
+    that many seconds ahead of the WAIT (a shared or profiled GPU, a large first layer)."""
 
-    def __init__(self, table, fake, ctx: Ctx, kernels: int = 0) -> None:
-        self.table, self.fake, self.ctx, self.kernels = table, fake, ctx, kernels
+    def __init__(self, table, fake, ctx: Ctx, kernels: int = 0, head_s: float = 0.0) -> None:
+        self.table, self.fake, self.ctx, self.kernels, self.head_s = table, fake, ctx, kernels, head_s
         self.seen: dict[int, torch.Tensor] = {}
 
     def forward(self) -> torch.Tensor:
         bs = self.ctx.batch.padded_size
+        if self.head_s:
+            self.fake.enqueue(lambda: time.sleep(self.head_s))
         self.table.lookup(torch.zeros(bs, HEADS, dtype=torch.int64))
         seen = self.seen.setdefault(bs, torch.zeros(bs * self.table._token_bytes, dtype=torch.uint8))
         pinned = self.table._graph_pinned
@@ -105,6 +108,11 @@ class PleModel:
 
 
 class Attn:
+    """The attention backend's capture/replay calls; ``fail_next_replay`` makes the next
+    ``prepare_for_replay`` raise, as a launch that fails before ``cudaGraphLaunch`` does."""
+
+    fail_next_replay = False
+
     def init_capture_graph(self, **kwargs: object) -> None:
         pass
 
@@ -112,7 +120,9 @@ class Attn:
         pass
 
     def prepare_for_replay(self, batch: object) -> None:
-        pass
+        if self.fail_next_replay:
+            self.fail_next_replay = False
+            raise RuntimeError("prepare_for_replay failed before the launch")
 
 
 def make_runner(model: PleModel, stream, bs_list=(1, 2)):
@@ -130,10 +140,13 @@ class Step(SimpleNamespace):
     fired: bool
     ok: bool
     flag_after: int
+    padded_size: int
 
 
-def make_batch(bs: int, seed: int):
-    """A decode batch as the scheduler hands it to the engine, and the PLE runs its fill will stage."""
+def make_batch(bs: int, seed: int, runner=None):
+    """A decode batch as the scheduler hands it to the engine, and the PLE runs its fill will stage.
+    With ``runner``, padded the way FreeToken's scheduler pads it (``GraphRunner.pad_batch``: 3
+    requests run on the bs-4 graph, dummy requests in the extra lanes)."""
     from freetoken.core import Batch
     from freetoken.models.qwen4_exp.ple_disk import _context
 
@@ -144,29 +157,35 @@ def make_batch(bs: int, seed: int):
         reqs.append(SimpleNamespace(input_ids=ids, device_len=len(ids)))
     batch = Batch(reqs=reqs, phase="decode")
     batch.padded_reqs = reqs
-    batch.input_ids = torch.randint(0, 5000, (bs,), generator=g, dtype=torch.int32)
-    batch.positions = torch.zeros(bs, dtype=torch.int32)
+    if runner is not None:
+        runner.pad_batch(batch)
+    padded = batch.padded_size
+    batch.input_ids = torch.randint(0, 5000, (padded,), generator=g, dtype=torch.int32)
+    batch.positions = torch.zeros(padded, dtype=torch.int32)
     batch.out_loc = None
     runs = [torch.tensor([*_context(r.input_ids, r.device_len - 1, EOS), int(t)], dtype=torch.int64)
-            for r, t in zip(reqs, batch.input_ids, strict=True)]
+            for r, t in zip(reqs, batch.input_ids[:bs], strict=True)]
     return batch, runs
 
 
 def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: int,
-                watchdog_s: float = 1.0) -> Step:
-    """One decode step in FreeToken's serving order (engine.py 1272): forward_host_ctx around replay."""
+                watchdog_s: float = 1.0, pad: bool = False) -> Step:
+    """One decode step in FreeToken's serving order (engine.py 1272): forward_host_ctx around replay.
+    ``pad``: ``bs`` requests padded to the runner's next graph size, as the scheduler does."""
     # imported here, not at the top: tests/patched_run.py uses this module without the shim
     from freetoken_graphfix.bench.rig import watchdog  # releases the flag: a blocked launch is reported, not hung
 
-    batch, runs = make_batch(bs, seed)
+    batch, runs = make_batch(bs, seed, runner if pad else None)
     with watchdog(table._flag, watchdog_s) as fired, fake.stream(runner.stream):
         t0 = time.perf_counter()
         with ctx.forward_batch(batch), table.forward_host_ctx(batch, True):
             runner.replay(batch)
         launch_s = time.perf_counter() - t0
         runner.stream.synchronize()
-    return Step(launch_s=launch_s, fired=fired.is_set(), ok=bool(torch.equal(model.seen[bs], expect(table, runs))),
-                flag_after=int(table._flag[0]))
+    want = expect(table, runs)
+    seen = model.seen[batch.padded_size][: want.numel()]  # the real requests' lanes
+    return Step(launch_s=launch_s, fired=fired.is_set(), ok=bool(torch.equal(seen, want)),
+                flag_after=int(table._flag[0]), padded_size=batch.padded_size)
 
 
 def expect(table, runs) -> torch.Tensor:

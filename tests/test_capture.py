@@ -191,3 +191,123 @@ def test_engram_waits_need_no_protection(install, fake):
     rec = freetoken_graphfix.status()["passes"][-1]["graphs"][0]
     assert (rec["action"], rec["waits"][0]["owner"], rec["waits"][0]["release"]) == (
         "no-op", "Engram wait-sync", "before-launch")
+
+
+def test_ple_on_rocm_needs_no_protection(install, fake, engine):
+    """PLE with a ``ple-fill`` worker (ROCm, FreeToken 0.2.1) submits its fill before the launch."""
+    table, model = engine
+    from concurrent.futures import ThreadPoolExecutor
+
+    table._worker = ThreadPoolExecutor(1, "ple-fill")  # ple_disk.py 213-216: a worker exists only on HIP
+    install("auto")
+    capture(fake, model)
+    st = freetoken_graphfix.status()
+    assert [a for _, a, _ in graphs_of(st)] == ["no-op", "no-op"]
+    assert st["passes"][0]["graphs"][0]["waits"][0] == {
+        "owner": "PLE wait-sync (ple-fill worker)", "release": "before-launch",
+        "flag": hex(table._flag.data_ptr())}
+
+
+def test_a_stray_wait_does_not_leak_into_the_next_pass(install, fake, engine):
+    """A WAIT recorded by a capture outside any capture pass (a tool, a test, a capture that never
+    reached _upload_graph) is dropped when the next pass starts."""
+    import torch
+    from freetoken.kernel import row_store
+
+    table, model = engine
+    install("auto")
+    with fake.capture(FakeGraph(fake)):
+        row_store.wait_reset(fake.current, torch.zeros(1, dtype=torch.int64))
+    table._wait_sync = False  # this pass's graphs hold no WAIT of their own
+    capture(fake, model)
+    assert [a for _, a, _ in graphs_of(freetoken_graphfix.status())] == ["no-op", "no-op"]
+
+
+def test_only_after_launch_owners_are_guarded(install, fake, engine):
+    """A graph holding a PLE WAIT and an Engram WAIT: only the PLE table, whose fill is released
+    after the launch, gets the first-launch guard; Engram's own worker releases its WAIT."""
+    import torch
+    from freetoken.kernel import row_store
+    from freetoken.models.deepseek_v41.engram_table import EngramDiskTable
+
+    table, model = engine
+    engram = object.__new__(EngramDiskTable)
+    engram.flag = torch.zeros(1, dtype=torch.int64)
+
+    def lookup(self):  # the shape of EngramDiskTable.lookup: a method whose self is the table
+        if fake.is_capturing():
+            row_store.wait_reset(fake.current, self.flag)
+
+    real_forward = model.forward
+    model.forward = lambda: (real_forward(), lookup(engram))[0]
+    install("deferred")
+    runner = capture(fake, model, bs_list=(1,))
+    rec = freetoken_graphfix.status()["passes"][0]["graphs"][0]
+    assert rec["action"] == "deferred" and [w["owner"] for w in rec["waits"]] == ["PLE wait-sync", "Engram wait-sync"]
+    assert "host_fill_batch" in vars(table) and "host_fill_batch" not in vars(engram)
+    row_store.signal(engram.flag)  # what Engram's worker does before the launch
+    s = harness.decode_step(runner, table, model, fake.ctx, fake, 1, seed=1)
+    assert not s.fired and s.ok and int(engram.flag[0]) == 0
+
+
+def test_a_graph_captured_outside_a_pass_gets_warm(install, fake, engine):
+    """No GraphRunner captured it, so no runner launches it through the guard: warm, not deferred."""
+    table, model = engine
+    install("auto")
+    from freetoken.engine.graph import _upload_graph  # after install: the module attribute is the wrapper
+    graph = FakeGraph(fake)
+    batch, _ = harness.make_batch(1, seed=1)
+    with fake.ctx.forward_batch(batch), fake.capture(graph):
+        model.forward()
+    _upload_graph(graph, fake.current)
+    rec = freetoken_graphfix.status()["passes"][-1]["graphs"][0]
+    assert rec["action"] == "warm" and "captured outside GraphRunner._capture_graphs" in rec["reason"]
+    assert graph.launches == 1 and int(table._flag[0]) == 0
+
+
+def test_cuda_device_replays_on_the_capture_stream(fake):
+    """A rebuild in overlap mode captures with the scheduler's stream current, not Engine.stream
+    (freetoken-0.2.1.md 2.2): the warm replay launches on the graph's own stream."""
+    from freetoken_graphfix.device import CudaDevice
+
+    from .fakecuda import FakeStream
+
+    engine_stream, scheduler_stream = FakeStream(fake), FakeStream(fake)
+    graph = FakeGraph(fake, large=False)
+    with fake.stream(scheduler_stream):
+        CudaDevice().replay(graph, engine_stream)
+    assert engine_stream.gpu is not None and scheduler_stream.gpu is None
+
+
+def test_owner_found_through_pure_python_wrapt():
+    """With wrapt's C extension off, its wrappers add Python frames between FreeToken and the shim:
+    the caller frame still skips them (an unknown owner is named after the real caller)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch, freetoken_graphfix, wrapt
+        from freetoken.kernel import row_store
+        import freetoken.engine.graph as graph
+        from tests.fakecuda import FakeCuda, FakeGraph, wire
+        import pytest
+        assert wrapt.FunctionWrapper.__module__ == "wrapt.wrappers", "pure-Python wrapt expected"
+        mp, dev = pytest.MonkeyPatch(), FakeCuda()
+        wire(mp, dev)
+        freetoken_graphfix.uninstall(); freetoken_graphfix.install("auto", device=dev)
+        def enqueue_wait():
+            row_store.wait_reset(dev.current, torch.zeros(1, dtype=torch.int64))
+        g = FakeGraph(dev, large=False)
+        with dev.capture(g):
+            enqueue_wait()
+        graph._upload_graph(g, dev.current)
+        print(freetoken_graphfix.status()["passes"][-1]["graphs"][0]["waits"][0]["owner"])
+    """)
+    env = {**os.environ, "WRAPT_DISABLE_EXTENSIONS": "1"}
+    env.pop("FT_GRAPH_UPLOAD", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "unknown (__main__.enqueue_wait)"

@@ -75,6 +75,29 @@ def test_install_uninstall_idempotent_and_exact(clean_shim, caplog):
     assert freetoken_graphfix.status()["mode"] == "skip"
 
 
+def test_uninstall_leaves_a_repatch_on_top_alone(clean_shim, caplog):
+    """Someone patched _upload_graph over the shim's wrapper: uninstall() restores the rest and
+    leaves theirs in place (putting FreeToken's original back would silently drop their patch)."""
+    import freetoken.engine.graph as graph
+    import freetoken.kernel.row_store as row_store
+
+    original_upload, original_wait_reset = vars(graph)["_upload_graph"], vars(row_store)["wait_reset"]
+    freetoken_graphfix.install("auto")
+
+    def theirs(graph, stream):
+        pass
+
+    graph._upload_graph = theirs
+    try:
+        with caplog.at_level(logging.WARNING, "freetoken_graphfix"):
+            freetoken_graphfix.uninstall()
+        assert vars(graph)["_upload_graph"] is theirs
+        assert vars(row_store)["wait_reset"] is original_wait_reset
+        assert "_upload_graph was re-patched by someone else; left as it is" in caplog.text
+    finally:
+        graph._upload_graph = original_upload
+
+
 def test_mode_exported_for_children(clean_shim, monkeypatch):
     monkeypatch.delenv("FT_GRAPH_UPLOAD", raising=False)
     freetoken_graphfix.install()

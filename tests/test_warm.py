@@ -41,14 +41,57 @@ def test_several_waits_on_one_flag_each_get_one_release(fake):
     assert int(flag[0]) == 0 and int(other[0]) == 0
 
 
-def test_wait_never_consumed_is_released_and_reported(fake):
-    """A recorded WAIT that the graph never consumes: bounded, flag reset to 0, the flag named."""
+def test_wait_never_consumed_is_reported_once_the_graph_finished(fake):
+    """A recorded WAIT that the graph never consumes: the flag is reset to 0 only once the graph has
+    finished (nothing can be pending on it then), and the report names the flag."""
     flag = torch.zeros(1, dtype=torch.int64)
     g = FakeGraph(fake)  # holds no WAIT node: the release is never consumed
-    out = warm_replay(g, fake.default, [wait(flag)], fake, timeout_s=0.2)
+    out = warm_replay(g, fake.default, [wait(flag)], fake, timeout_s=2.0)
     assert not out.ok and out.finished
-    assert f"flag {hex(flag.data_ptr())}" in out.detail and "not consumed within 0.2 s" in out.detail
+    assert out.detail == (f"WAIT #0 on flag {hex(flag.data_ptr())} (unknown (test)) was released but never "
+                          "consumed by the finished graph; reset to 0")
     assert int(flag[0]) == 0  # no surplus release left for the next real step
+
+
+def slow_graph(fake, flag, head_s):
+    """GPU work of ``head_s`` seconds ahead of the WAIT: a shared or profiled GPU, a large head."""
+    import time
+
+    return FakeGraph(fake, large=False,  # its launch returns at once: the WAIT is still ahead on the GPU
+                     nodes=[Node("kernel", fn=lambda: time.sleep(head_s)), Node("wait", ptr=flag.data_ptr())])
+
+
+def test_slow_gpu_with_two_waits_on_one_flag(fake):
+    """The helper keeps waiting for a late consume before it releases the next WAIT on the flag."""
+    import time
+
+    flag = torch.zeros(1, dtype=torch.int64)
+    g = FakeGraph(fake, large=False, nodes=[Node("kernel", fn=lambda: time.sleep(0.3)),
+                                            Node("wait", ptr=flag.data_ptr()),
+                                            Node("kernel", fn=lambda: time.sleep(0.3)),
+                                            Node("wait", ptr=flag.data_ptr())])
+    out = warm_replay(g, fake.default, [wait(flag), wait(flag)], fake, timeout_s=3.0)
+    assert out.ok and out.finished, out
+    assert int(flag[0]) == 0
+
+
+def test_slow_gpu_is_a_slow_success(fake):
+    flag = torch.zeros(1, dtype=torch.int64)
+    out = warm_replay(slow_graph(fake, flag, 0.5), fake.default, [wait(flag)], fake, timeout_s=3.0)
+    assert out.ok and out.finished and out.seconds >= 0.5, out
+    assert int(flag[0]) == 0
+
+
+def test_graph_still_running_is_never_wedged(fake):
+    """Past the time limit the graph still runs: its flag is left alone (resetting a released flag
+    whose WAIT is still ahead would wedge the graph for ever) and it finishes on its own."""
+    flag = torch.zeros(1, dtype=torch.int64)
+    out = warm_replay(slow_graph(fake, flag, 0.6), fake.default, [wait(flag)], fake, timeout_s=0.2)
+    assert not out.ok and not out.finished
+    assert out.detail.startswith("the graph was still running 0.2 s after its warm launch")
+    fake.default.gpu.join(3.0)
+    assert not fake.default.gpu.is_alive(), "the graph is wedged behind its WAIT"
+    assert int(flag[0]) == 0
 
 
 def test_launch_that_raises_withdraws_the_release(fake):
@@ -71,8 +114,32 @@ def test_failed_warm_replay_falls_back_to_upload_with_error(install, fake, engin
     assert runner.graph_map[1].uploaded  # FreeToken's own upload took over
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and errors[0].startswith("warm replay of graph bs=1 failed: WAIT #0 on flag 0x")
+    assert "was released but never consumed" in errors[0]
     assert "falling back to FreeToken's cuGraphUpload" in errors[0]
     assert int(table._flag[0]) == 0
+
+
+def test_slow_warm_replay_in_the_capture_loop(install, fake, tmp_path, caplog):
+    """FreeToken's capture loop on a slow GPU: the warm replay succeeds late, with no ERROR and no
+    upload fallback."""
+    table = harness.make_table(harness.write_rows(tmp_path))
+    install("warm", warm_timeout_s=3.0)
+    with caplog.at_level(logging.WARNING, "freetoken_graphfix"):
+        runner = harness.make_runner(harness.PleModel(table, fake, fake.ctx, head_s=0.3), fake.default, (1,))
+    assert not runner.graph_map[1].uploaded and runner.graph_map[1].launches == 1
+    assert caplog.records == [] and int(table._flag[0]) == 0
+
+
+def test_warm_replay_still_running_raises_in_the_capture_loop(install, fake, tmp_path):
+    """Still running past the limit: no upload can be queued behind it, so WarmReplayError, and the
+    graph still completes (a rebuild's rollback then synchronizes instead of hanging)."""
+    table = harness.make_table(harness.write_rows(tmp_path))
+    fake.large = False  # the launch returns while the GPU is still on the head, ahead of the WAIT
+    install("warm", warm_timeout_s=0.2)
+    with pytest.raises(WarmReplayError, match="warm replay of graph bs=1 failed: the graph was still running"):
+        harness.make_runner(harness.PleModel(table, fake, fake.ctx, head_s=0.6), fake.default, (1,))
+    fake.default.gpu.join(3.0)
+    assert not fake.default.gpu.is_alive() and int(table._flag[0]) == 0
 
 
 def test_failed_warm_replay_raises_under_tensor_parallelism(install, fake, engine, monkeypatch):
@@ -82,7 +149,7 @@ def test_failed_warm_replay_raises_under_tensor_parallelism(install, fake, engin
     import freetoken.kernel._row_store as rs
 
     monkeypatch.setattr(rs, "memop_wait_reset", lambda *a: None)
-    with pytest.raises(WarmReplayError, match=r"warm replay of graph bs=1 failed: WAIT #0 on flag 0x"):
+    with pytest.raises(WarmReplayError, match=r"warm replay of graph bs=1 failed: WAIT #0 on flag 0x.* never consumed"):
         harness.make_runner(model, fake.default, bs_list=(1,))
     assert freetoken_graphfix.status()["passes"][0]["graphs"][0]["action"] == "warm"
     assert int(table._flag[0]) == 0

@@ -110,7 +110,7 @@ def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
 
 def host_overhead(rig: Any, runner: Any, blocks: int = 20, per_block: int = 25) -> dict[str, Any]:
     """Per-step host time (forward_host_ctx around replay, no sync) with and without the shim installed,
-    on the same graphs, in alternating blocks; and the cost of one armed replay hook call."""
+    on the same graphs, in alternating blocks; and what the guard adds to a dispatch while armed."""
     import gc
 
     import torch
@@ -137,34 +137,36 @@ def host_overhead(rig: Any, runner: Any, blocks: int = 20, per_block: int = 25) 
 
 
 def armed_hook_cost(calls: int = 20000) -> float:
-    """Extra host µs per ``GraphRunner.replay`` call while deferred hooks are armed (an unmarked graph)."""
+    """Extra host µs per dispatch while a graph reading the PLE table awaits its first launch: the
+    table's ``host_fill_batch`` goes through the guard's stager (every other graph's replay is
+    FreeToken's own, so this is the whole cost, and only until the last marked graph launches)."""
     from types import SimpleNamespace
 
     from ..deferred import FirstLaunchGuard
 
+    class Table:
+        def host_fill_batch(self, batch: Any, use_graph: bool) -> Any:
+            return batch  # stands for the deferred fill FreeToken returns in CUDA wait-sync mode
+
     class Graph:
-        pass
-
-    class Runner:
-        graph_map = {1: Graph()}
-
-        def replay(self, batch: Any) -> None:
+        def replay(self) -> None:
             return None
 
-    runner, batch = Runner(), SimpleNamespace(padded_size=1)
+    table, batch = Table(), SimpleNamespace(padded_size=1)
 
     def timed() -> float:
         t0 = time.perf_counter()
         for _ in range(calls):
-            runner.replay(batch)
+            table.host_fill_batch(batch, True)
         return time.perf_counter() - t0
 
     plain = timed()
-    guard = FirstLaunchGuard(Runner, lambda graph, stream: None)
-    pending = Graph()
-    guard.mark(pending, [], lambda how: None)  # another graph awaits its first launch: the hook stays armed
+    guard = FirstLaunchGuard(lambda graph, stream: None, None)
+    waiting = Graph()
+    guard.mark(waiting, 2, None, [table], lambda how: None)  # the bs-2 graph never launches here
     armed = timed()
-    guard.forget()
+    vars(waiting)["replay"].consume("measured")
+    assert "host_fill_batch" not in vars(table)
     return 1e6 * (armed - plain) / calls
 
 

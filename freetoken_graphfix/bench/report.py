@@ -40,8 +40,8 @@ def render(record: dict[str, Any]) -> str:
         st = ho["step_host_us"]
         lines.append(f"host time per decode step (forward_host_ctx + replay, median µs): shim installed "
                      f"{st['shim installed']['median']:.1f}, uninstalled {st['shim uninstalled']['median']:.1f}, "
-                     f"ratio {ho['ratio']:.4f}; armed replay hook {ho['armed_hook_us']:.2f} µs/call "
-                     "(only until every deferred graph has launched once)")
+                     f"ratio {ho['ratio']:.4f}; while a deferred graph awaits its first launch the PLE table's "
+                     f"stager adds {ho['armed_hook_us']:.2f} µs a dispatch (other graphs' replays: nothing)")
     return "\n".join(lines)
 
 
