@@ -1,6 +1,6 @@
-"""The patch series on real FreeToken 0.2.0 and 0.2.1 sources (PyPI wheels), as a checkout and as an
-install: check, apply, double apply, revert byte for byte, a modified target; then the patched 0.2.1
-behaves like the shim."""
+"""The patch series on the real FreeToken 0.2.1 sources (PyPI wheel), as a checkout and as an install:
+check, apply, double apply, revert byte for byte, hand edits, all or nothing, another release refused;
+``git am`` and ``patch -p1``; the series' own tests; then the patched 0.2.1 on the fake device."""
 
 from __future__ import annotations
 
@@ -18,6 +18,16 @@ from freetoken_graphfix import patching
 from freetoken_graphfix.errors import PatchError
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_FILES = {"engine/engine.py", "engine/graph.py", "models/blocks.py", "models/deepseek_v41/engram_table.py",
+                 "models/qwen4_exp/ple_disk.py"}
+HUNK_LINES = {
+    "engine/engine.py": "        use_graph = self.graph_runner.can_use_cuda_graph(batch)",
+    "engine/graph.py": "        g = self.graph_map[batch.padded_size]",
+    "models/blocks.py": '        """Around one forward dispatch: enter before it is enqueued, exit right after.',
+    "models/deepseek_v41/engram_table.py": "        self.host_fill_batch(batch, use_graph)",
+    "models/qwen4_exp/ple_disk.py": "        deferred = self.host_fill_batch(batch, use_graph",
+}
+NEW_TESTS = {"tests/engine/test_graph_first_launch.py", "tests/models/qwen4_exp/test_ple_disk_first_launch.py"}
 
 
 def digest(tree: Path) -> dict[str, str]:
@@ -25,88 +35,215 @@ def digest(tree: Path) -> dict[str, str]:
             for p in sorted(tree.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(params=["0.2.0", "0.2.1"])
-def version(request):
-    return request.param
+def checkout(tree: Path, at: Path, git: bool = True) -> Path:
+    """FreeToken's repository layout (python/freetoken/...), as a git checkout of the release."""
+    (at / "python").mkdir(parents=True)
+    shutil.move(str(tree / "freetoken"), at / "python" / "freetoken")
+    if git:
+        for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+            subprocess.run(["git", *cmd], cwd=at, check=True)
+    return at
 
 
 @pytest.fixture(params=["repo", "site"])
-def target(request, version, freetoken_tree, tmp_path):
-    tree = freetoken_tree(version)
-    if request.param == "repo":  # FreeToken's repository layout, as a git checkout
-        checkout = tmp_path / "FreeToken"
-        (checkout / "python").mkdir(parents=True)
-        shutil.move(str(tree / "freetoken"), checkout / "python" / "freetoken")
-        subprocess.run(["git", "init", "-q"], cwd=checkout, check=True)
-        return patching.repo_target(checkout), checkout / "python" / "freetoken"
-    return patching.Target(tree, 2, f"installed FreeToken at {tree / 'freetoken'}"), tree / "freetoken"
+def target(request, freetoken_tree, tmp_path):
+    tree = freetoken_tree("0.2.1")
+    if request.param == "repo":
+        co = checkout(tree, tmp_path / "FreeToken")
+        return patching.repo_target(co), co
+    return patching.Target(tree, 2, f"installed FreeToken at {tree / 'freetoken'}", package_only=True), tree
 
 
-def test_series_file_lists_every_patch():
-    names = [p.name for p in series_files()]
-    assert names == sorted(p.name for p in (ROOT / "patches").glob("*.patch"))
-    for patch in series_files():
+def test_series_file_lists_every_patch_and_its_target():
+    names = [p.name for p in patching.series()]
+    assert names == sorted(p.name for p in (ROOT / "patches").glob("*.patch") if not p.name.startswith("0000"))
+    assert patching.series_target() == "0.2.1"
+    for patch in patching.series():
         text = patch.read_text()
         for field in ("Description:", "Origin:", "Bug:", "Forwarded:", "Last-Update:"):
             assert field in text, (patch.name, field)
-
-
-def series_files():
-    return patching.series()
+    cover = (ROOT / "patches" / "0000-cover-letter.patch").read_text()
+    assert "*** " not in cover and "H200 RESULTS" not in cover  # the blurb is written, the figures are in
 
 
 def test_apply_double_apply_revert(target):
-    tgt, package = target
-    original = digest(package)
+    tgt, tree = target
+    original = digest(tree)
     assert patching.state(tgt) == "not applied"
-    assert patching.apply(tgt).startswith("applied 3 patches")
-    patched = digest(package)
-    assert patched != original and patching.state(tgt) == "applied"
-    changed = {k for k in original if original[k] != patched[k]}
-    assert changed == {"kernel/row_store.py", "models/deepseek_v41/engram_table.py", "engine/graph.py"}
-    assert "already applied" in patching.apply(tgt)
-    assert digest(package) == patched
-    assert patching.revert(tgt).startswith("reverted 3 patches")
-    assert digest(package) == original  # byte for byte
-    assert "not applied" in patching.revert(tgt)
+    changed, message = patching.apply(tgt)
+    assert changed and message.startswith("applied 3 patches")
+    patched = digest(tree)
+    assert patching.state(tgt) == "applied"
+    prefix = "python/freetoken/" if tgt.strip == 1 else "freetoken/"
+    touched = {k for k in original if original[k] != patched.get(k)} | (patched.keys() - original.keys())
+    expected = {prefix + f for f in PACKAGE_FILES} | (NEW_TESTS if tgt.strip == 1 else set())
+    assert touched == expected
+    assert patching.apply(tgt) == (False, f"the series is already applied to the {tgt.label}; nothing to do")
+    assert digest(tree) == patched
+    changed, message = patching.revert(tgt)
+    assert changed and message.startswith("reverted 3 patches")
+    assert digest(tree) == original  # byte for byte, the new test files (and their folders) gone
+    assert not (tree / "tests").exists()
+    assert patching.revert(tgt)[0] is False
 
 
-def test_modified_target_is_refused_untouched(target):
-    tgt, package = target
-    graph = package / "engine" / "graph.py"
-    graph.write_text(graph.read_text().replace("import gc\n", "import gc  # local change\n"))
-    before = digest(package)
+@pytest.mark.parametrize("edited", sorted(PACKAGE_FILES))
+def test_a_hand_edit_is_named_in_either_state(target, edited):
+    """A local change in one file: refused naming that file, on the original tree and on an applied
+    one (both directions tried), and nothing changes."""
+    tgt, tree = target
+    path = tree / ("python/freetoken" if tgt.strip == 1 else "freetoken") / edited
+
+    def edit():  # a line inside one of the series' hunks, in the original and the patched file alike
+        text = path.read_text()
+        anchor = HUNK_LINES[edited]
+        assert text.count(anchor) == 1, (edited, anchor)
+        path.write_text(text.replace(anchor, anchor + "  # a local change", 1))
+
+    shipped = path.read_bytes()
+    for applied in (False, True):
+        if applied:
+            path.write_bytes(shipped)
+            patching.apply(tgt)
+        edit()
+        before = digest(tree)
+        with pytest.raises(PatchError) as err:
+            (patching.revert if applied else patching.apply)(tgt)
+        message = str(err.value)
+        assert "\n" not in message and message.endswith("nothing was changed")
+        assert f"{edited} matches neither the original nor the patched sources" in message
+        assert digest(tree) == before
+
+
+def test_a_failed_replace_puts_back_what_it_replaced(target, monkeypatch):
+    """All or nothing: the third replace fails (a file that cannot be replaced), the two already
+    replaced are put back, one line says so."""
+    tgt, tree = target
+    original = digest(tree)
+    real_replace, calls = os.replace, []
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) == 3:
+            raise PermissionError(13, "Permission denied")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(patching.os, "replace", flaky)
     with pytest.raises(PatchError) as err:
         patching.apply(tgt)
-    message = str(err.value)
-    assert "matches neither the original nor the patched sources" in message
-    assert "graph.py:" in message and "patch failed" in message and message.endswith("nothing was changed")
-    assert digest(package) == before
+    assert "Permission denied; the 2 file(s) already replaced were put back, nothing was changed" in str(err.value)
+    monkeypatch.undo()
+    assert digest(tree) == original and patching.state(tgt) == "not applied"
 
 
-def test_cli_patch_repo_and_missing_layout(tmp_path, freetoken_tree):
-    tree = freetoken_tree("0.2.1")
-    (tmp_path / "co" / "python").mkdir(parents=True)
-    shutil.move(str(tree / "freetoken"), tmp_path / "co" / "python" / "freetoken")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "freetoken_graphfix", "patch", *a],  # noqa: E731
-                                    capture_output=True, text=True)
-    out = run("check", "--repo", str(tmp_path / "co"))
+def test_unwritable_folder_changes_nothing(freetoken_tree, tmp_path):
+    """A real permission failure, as a user without write access to one folder meets it (as root:
+    without CAP_DAC_OVERRIDE): one line, no traceback, nothing written anywhere."""
+    co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken")
+    locked = co / "python/freetoken/models/qwen4_exp"
+    original = digest(co)
+    locked.chmod(0o555)
+    try:
+        cmd = [sys.executable, "-m", "freetoken_graphfix", "patch", "apply", "--repo", str(co)]
+        if os.geteuid() == 0:
+            assert shutil.which("setpriv"), "setpriv is needed to drop root's file capabilities here"
+            cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *cmd]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        locked.chmod(0o755)
+    assert out.returncode == 1, out
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith(
+        "freetoken_graphfix: error: cannot write python/freetoken/models/qwen4_exp/ple_disk.py")
+    assert digest(co) == original
+
+
+def test_another_release_is_refused_in_one_line(freetoken_tree, tmp_path):
+    co = checkout(freetoken_tree("0.2.0"), tmp_path / "FreeToken")
+    original = digest(co)
+    for action in (patching.state, patching.apply, patching.revert):
+        with pytest.raises(PatchError) as err:
+            action(patching.repo_target(co))
+        assert str(err.value).startswith(f"the checkout {co} is FreeToken 0.2.0; the patch series targets FreeToken "
+                                         "0.2.1 only")
+        assert "FT_GRAPH_UPLOAD=auto" in str(err.value) and "\n" not in str(err.value)
+    assert digest(co) == original
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "freetoken_graphfix", "patch", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_patch_repo(tmp_path, freetoken_tree):
+    co = checkout(freetoken_tree("0.2.1"), tmp_path / "co")
+    out = run_cli("check", "--repo", str(co))
     assert out.returncode == 0 and out.stdout.strip().endswith(": not applied")
-    out = run("apply", "--repo", str(tmp_path / "co"))
-    assert out.returncode == 0 and "applied 3 patches" in out.stdout
-    bad = run("check", "--repo", str(tmp_path))
+    out = run_cli("apply", "--repo", str(co))
+    assert out.returncode == 0 and out.stdout.strip() == f"applied 3 patches to the checkout {co}"  # no site note
+    bad = run_cli("check", "--repo", str(tmp_path))
     assert bad.returncode == 1 and "no python/freetoken/ in it" in bad.stderr
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_empty_repo_is_an_error_not_the_install(value):
+    """A script passing --repo "$FT_DIR" with the variable unset must not patch site-packages."""
+    out = run_cli("apply", "--repo", value)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith("freetoken_graphfix: error: --repo '': empty path") or "empty path" in out.stderr
+
+
+def test_site_note_only_after_applying_to_the_install(tmp_path, freetoken_tree, monkeypatch):
+    from freetoken_graphfix import cli
+
+    tree = freetoken_tree("0.2.1")
+    monkeypatch.setattr(patching, "site_target",
+                        lambda: patching.Target(tree, 2, "installed FreeToken (test copy)", package_only=True))
+    printed = []
+    monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
+    for action, note in (("apply", True), ("apply", False), ("revert", False), ("revert", False)):
+        printed.clear()
+        assert cli.main(["patch", action, "--site"]) == 0
+        assert any(line.startswith("note: pip's RECORD hashes") for line in printed) is note, (action, printed)
+    assert "pip check does not look" in patching.SITE_NOTE
 
 
 def test_site_points_at_the_installed_freetoken():
     import freetoken
 
     tgt = patching.site_target()
-    assert tgt.root == Path(freetoken.__file__).resolve().parents[1] and tgt.strip == 2
+    assert tgt.root == Path(freetoken.__file__).resolve().parents[1] and tgt.strip == 2 and tgt.package_only
+
+
+def test_git_am_and_patch_apply_the_series(tmp_path, freetoken_tree):
+    """The series is a real format-patch series: git am takes it, patch -p1 takes it, same result."""
+    am = checkout(freetoken_tree("0.2.1"), tmp_path / "am")
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "am", "-q",
+                    *map(str, patching.series())], cwd=am, check=True)
+    log = subprocess.run(["git", "log", "--format=%s", "-3"], cwd=am, capture_output=True, text=True).stdout
+    assert log.splitlines()[0].startswith("graph: no upload by default")
+    plain = checkout(freetoken_tree("0.2.1"), tmp_path / "plain", git=False)
+    for patch in patching.series():
+        subprocess.run(["patch", "-p1", "-s", "-i", str(patch)], cwd=plain, check=True)
+    assert {k: v for k, v in digest(am).items() if not k.startswith(".git/")} == digest(plain)
+
+
+def test_the_series_own_tests_pass_where_they_can_on_cpu(tmp_path, freetoken_tree):
+    """FreeToken's tests added by the series, run against the patched sources: the CPU ones pass,
+    the GPU ones skip themselves here (they run on the H200)."""
+    co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken")
+    patching.apply(patching.repo_target(co))
+    env = {k: v for k, v in os.environ.items() if k not in ("FT_GRAPH_UPLOAD", "FREETOKEN_GRAPH_PROTECT")}
+    env["PYTHONPATH"] = str(co / "python")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=co, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:]
+    summary = out.stdout.strip().splitlines()[-1]
+    assert "failed" not in summary and int(summary.split(" passed")[0].split()[-1]) >= 11, summary
 
 
 def patched_child(tree: Path, shim_mode: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("FT_GRAPH_UPLOAD", "FREETOKEN_GRAPH_UPLOAD")}
+    env = {k: v for k, v in os.environ.items() if k not in ("FT_GRAPH_UPLOAD", "FREETOKEN_GRAPH_PROTECT")}
     env["PYTHONPATH"] = os.pathsep.join([str(tree), str(ROOT)])
     if shim_mode:
         env["FT_GRAPH_UPLOAD"] = shim_mode
@@ -117,28 +254,56 @@ def patched_child(tree: Path, shim_mode: str | None) -> dict:
 
 
 @pytest.fixture(scope="module")
-def patched_021(tmp_path_factory, freetoken_tree):
+def patched_021(freetoken_tree):
     tree = freetoken_tree("0.2.1")
-    patching.apply(patching.Target(tree, 2, "test tree"))
+    patching.apply(patching.Target(tree, 2, "test tree", package_only=True))
     return tree
 
 
-def test_patched_freetoken_decides_like_the_shim(patched_021):
-    """FREETOKEN_GRAPH_UPLOAD in the patched 0.2.1, shim not installed: auto protects only the PLE
-    wait-sync graphs (as the shim's upload protection), always = upload, never = skip, warm = warm."""
+def test_patched_freetoken_fills_first_launches_on_the_fake_device(patched_021):
+    """FreeToken 0.2.1 with the series, shim not installed, its own GraphRunner, Engine.forward_batch
+    and DiskRowTable: no graph uploaded, every first launch filled from the worker and never
+    blocked, later launches on the normal path, rows exact, every flag back at 0, faults included."""
     r = patched_child(patched_021, None)
     assert r["freetoken_file"].startswith(str(patched_021)) and r["shim"] is None
-    assert r["auto/wait"] == {"uploaded": [True, True], "launches": [0, 0], "flag": 0}
-    assert r["auto/none"] == {"uploaded": [False, False], "launches": [0, 0], "flag": 0}
-    assert r["always/wait"]["uploaded"] == [True, True] and r["always/none"]["uploaded"] == [True, True]
-    assert r["never/wait"] == {"uploaded": [False, False], "launches": [0, 0], "flag": 0}
-    assert r["warm/wait"] == {"uploaded": [False, False], "launches": [1, 1], "flag": 0}
-    assert r[" WARM /wait"] == r["warm/wait"] and r["warm/none"]["launches"] == [0, 0]
-    assert r["bogus/wait"] == {"error": "unknown FREETOKEN_GRAPH_UPLOAD='bogus'; expected auto, always, never or warm"}
+    default = r["first-launch"]
+    assert default["uploaded"] == [False, False, False] and default["launched_at_capture"] == [0, 0, 0]
+    ok = {"fired": False, "ok": True, "flag_after": 0}
+    assert [{k: s[k] for k in ok} for s in default["steps"]] == [ok] * 5
+    assert [s["worker"] for s in default["steps"]] == [1, 0, 1, 1, 0]  # bs 2, 2, 1, 3 -> 4, 1
+    assert default["steps"][3]["padded"] == 4
+    assert [s["worker"] for s in default["rebuild"]] == [1, 1] and all(s["ok"] for s in default["rebuild"])
+    assert default["fill_raises"] == {"raised": "OSError('disk read failed')", "flag_after": 0}
+    assert default["after_fill_raised"]["ok"] and default["after_fill_raised"]["worker"] == 0
+    assert default["launch_raises"] == {"raised": "RuntimeError('fake cudaGraphLaunch failure')", "flag_after": 0}
+    assert default["launch_retry"]["ok"] and default["launch_retry"]["worker"] == 1
+    before_launch, retry = default["raises_before_launch"], default["retry_after_raise_before_launch"]
+    assert before_launch["flag_after"] == 0 and "before the launch" in before_launch["raised"]
+    assert retry["ok"] and retry["worker"] == 1
+    upload = r["upload"]
+    assert upload["uploaded"] == [True, True, True] and all(s["ok"] and not s["fired"] for s in upload["steps"])
+    assert all(s["worker"] == 0 for s in upload["steps"]) and r[" Upload "] == upload
+    none = r["none"]
+    assert none["uploaded"] == [False, False, False]
+    assert none["steps"][0]["fired"] and not none["steps"][0]["ok"]  # the negative control: blocked, stale rows
+    assert r["bogus"] == {"error": "FREETOKEN_GRAPH_PROTECT='bogus' is not a valid mode; expected one of "
+                                   "first-launch, upload, none"}
 
 
 def test_shim_stands_down_on_patched_freetoken(patched_021):
     r = patched_child(patched_021, "auto")
     assert r["shim"]["patched"] is False and r["shim"]["upload_wrapped"] == "function"
-    assert "carries the graph-upload patch series" in r["shim"]["reason"] and "stands down" in r["shim"]["reason"]
-    assert r["auto/wait"]["uploaded"] == [True, True]  # FreeToken's own auto did the work
+    assert "carries the first-launch patch series" in r["shim"]["reason"] and "stands down" in r["shim"]["reason"]
+    assert r["first-launch"]["uploaded"] == [False, False, False]  # FreeToken's own protection did the work
+
+
+def test_patched_copy_leaves_the_install_alone(tmp_path, freetoken_tree, monkeypatch):
+    """What bench --engine and --serve run the patched arms on: a patched copy, never the install."""
+    tree = freetoken_tree("0.2.1")
+    monkeypatch.setattr(patching, "site_target",
+                        lambda: patching.Target(tree, 2, "installed FreeToken (test copy)", package_only=True))
+    installed = digest(tree)
+    dest = patching.patched_copy(tmp_path / "patched")
+    assert digest(tree) == installed
+    assert patching.state(patching.Target(dest, 2, "copy", package_only=True)) == "applied"
+    assert patching.patched_copy(tmp_path / "patched") == dest  # reused, not patched twice
