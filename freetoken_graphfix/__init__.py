@@ -1,14 +1,59 @@
 """freetoken_graphfix: protect only the FreeToken CUDA graphs that need it, at no replay cost.
 
-``import freetoken_graphfix`` installs the shim (mode from ``FT_GRAPH_UPLOAD``, default ``auto``).
+``import freetoken_graphfix`` arms the shim (mode from ``FT_GRAPH_UPLOAD``, default ``auto``): it
+installs itself when FreeToken's graph module is imported, whichever comes first, and imports
+nothing heavy before that.
 """
 
-from .config import Mode
-from .errors import ConfigError, GraphfixError, PatchError, WarmReplayError
-from .hooks import install, status, uninstall
+from . import bootstrap
+
+TYPE_CHECKING = False  # typing is not imported at start-up; every name here is imported on use
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .config import Mode
+    from .device import Device
 
 __all__ = ["install", "uninstall", "status", "Mode", "GraphfixError", "ConfigError", "WarmReplayError",
            "PatchError"]
 __version__ = "0.1.0"
 
-install()
+
+def install(mode: "str | Mode | None" = None, *, device: "Device | None" = None,
+            warm_timeout_s: "float | None" = None) -> None:
+    """Install the shim now, or switch the mode of the one installed (see :func:`hooks.install`).
+
+    Raises :class:`ConfigError` for a mode (or ``FT_GRAPH_UPLOAD`` value) it does not accept."""
+    from . import hooks
+
+    hooks.install(mode, device=device, warm_timeout_s=warm_timeout_s)
+
+
+def uninstall() -> None:
+    """Restore FreeToken's original functions exactly; safe to call again or before install()."""
+    from . import hooks
+
+    hooks.uninstall()
+
+
+def status() -> "dict[str, Any]":
+    """What the shim found, did and decided, per capture pass (see README, "Modes")."""
+    from . import hooks
+
+    return hooks.status()
+
+
+def __getattr__(name: str) -> "Any":
+    # imported on use: the .pth imports this package in every process of the environment
+    if name == "Mode":
+        from .config import Mode
+
+        return Mode
+    if name in ("ConfigError", "GraphfixError", "PatchError", "WarmReplayError"):
+        from . import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'freetoken_graphfix' has no attribute {name!r}")
+
+
+bootstrap.arm()

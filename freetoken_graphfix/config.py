@@ -55,6 +55,8 @@ def parse_mode(value: str | None, *, source: str = ENV_MODE) -> Mode:
         ) from None
 
 
-def mode_from_env() -> Mode:
-    """The mode ``FT_GRAPH_UPLOAD`` asks for (``auto`` when unset)."""
-    return parse_mode(os.environ.get(ENV_MODE))
+def env_value() -> str | None:
+    """``FT_GRAPH_UPLOAD`` as set, ``None`` when unset or empty (both mean ``auto``, and neither
+    arms the ``.pth``)."""
+    value = os.environ.get(ENV_MODE)
+    return value if value and value.strip() else None

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -67,14 +70,41 @@ def test_subprocess_child(value, expected):
     assert out.stdout.strip() == expected
 
 
-def test_bad_value_prints_one_line_and_the_child_runs():
+def test_bad_value_is_one_line_where_freetoken_runs():
+    """A bad FT_GRAPH_UPLOAD costs a process that never imports FreeToken nothing (pip, scripts);
+    where FreeToken is imported it is one ERROR line naming it, and FreeToken keeps its own upload."""
     out = subprocess.run([sys.executable, "-c", "print('alive')"], env=child_env("bogus"), capture_output=True,
                          text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout == "alive\n"
+    assert (out.returncode, out.stdout, out.stderr) == (0, "alive\n", "")
+    out = subprocess.run([sys.executable, "-c", CHILD], env=child_env("bogus"), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "function"]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
-    assert lines[0].startswith("freetoken_graphfix: bootstrap not loaded: ConfigError(")
-    assert "FT_GRAPH_UPLOAD='bogus'" in lines[0]
+    assert lines[0].endswith("ERROR not patched: FT_GRAPH_UPLOAD='bogus' is not a valid mode; accepted values: "
+                             "auto, upload, skip, warm, deferred, off, 0, false; FreeToken left untouched "
+                             "(its own upload)")
+
+
+@pytest.mark.parametrize("value", ["auto", "off", "bogus"])
+def test_armed_start_up_imports_nothing_heavy(value):
+    """With the variable set and FreeToken never imported, start-up imports three small modules of
+    the shim and nothing else: no wrapt, logging, enum or typing (measured: bench --startup)."""
+    code = ("import sys; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('freetoken_graphfix', 'wrapt', 'logging', 'enum', 'typing', 'torch', 'freetoken')))")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(value), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stderr == ""
+    assert out.stdout.strip() == str(["freetoken_graphfix", "freetoken_graphfix.bootstrap",
+                                      "freetoken_graphfix.importhook"])
+
+
+def test_bootstrap_spells_the_variable_as_config_does():
+    from freetoken_graphfix import config
+
+    assert bootstrap.ENV_MODE == config.ENV_MODE
+    pth = (Path(__file__).resolve().parents[1] / "freetoken_graphfix" / "_bootstrap.pth").read_text()
+    assert f'os.environ.get("{config.ENV_MODE}")' in pth
 
 
 def test_import_error_prints_one_line_and_the_child_runs(tmp_path):
@@ -121,40 +151,172 @@ def test_run_keeps_the_users_mode():
     assert out.stdout.strip() == "skip"
 
 
+def test_run_mode_overrides_a_bad_variable():
+    out = run_cli("run", "--mode", "upload", "--", sys.executable, "-c",
+                  "import os; print(os.environ['FT_GRAPH_UPLOAD'])", env=child_env("bogus"))
+    assert out.returncode == 0 and out.stdout.strip() == "upload" and out.stderr == ""
+    bad = run_cli("run", "--", "true", env=child_env("bogus"))
+    assert bad.returncode == 1 and bad.stderr.strip() == (
+        "freetoken_graphfix: error: FT_GRAPH_UPLOAD='bogus' is not a valid mode; accepted values: auto, upload, "
+        "skip, warm, deferred, off, 0, false (or pass --mode)")
+
+
 def test_run_signal_exit_code():
     out = run_cli("run", "--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
     assert out.returncode == 128 + 15
 
 
-def test_run_errors_are_one_line():
+def test_run_errors_are_one_line_with_shell_exit_codes(tmp_path):
     bad = run_cli("run", "--mode", "fast", "--", "true")
     assert bad.returncode == 1
     assert bad.stderr.strip() == ("freetoken_graphfix: error: --mode='fast' is not a valid mode; accepted values: "
                                   "auto, upload, skip, warm, deferred, off, 0, false")
     missing = run_cli("run", "--", "no-such-command-xyz")
-    assert missing.returncode == 1
+    assert missing.returncode == 127
     assert missing.stderr.strip() == "freetoken_graphfix: error: run: command not found: 'no-such-command-xyz'"
+    folder = run_cli("run", "--", str(tmp_path))
+    assert folder.returncode == 126 and folder.stderr.strip().endswith("is a directory, not a command")
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    plain = run_cli("run", "--", str(script))
+    assert plain.returncode == 126 and plain.stderr.strip().endswith("is not executable (no execute permission)")
     empty = run_cli("run")
     assert empty.returncode == 1 and "no command given" in empty.stderr
+    for out in (bad, missing, folder, plain, empty):
+        assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_run_finds_commands_beside_its_interpreter_first():
+    """From a venv that is not activated: `run -- python ...` and `run -- freetoken-graphfix ...` are
+    this environment's, found beside the running interpreter, not whatever PATH holds."""
+    env = child_env(None)
+    env["PATH"] = "/usr/bin:/bin"  # the venv's bin/ is not on it
+    out = run_cli("run", "--", "python", "-c", "import sys; print(sys.prefix)", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == sys.prefix and out.stderr == ""
+    assert run_cli("run", "--", "freetoken-graphfix", "--help", env=env).returncode == 0
+
+
+def test_run_warns_about_another_interpreter(tmp_path):
+    other = tmp_path / "python3"
+    other.write_text("#!/bin/sh\nexit 0\n")
+    other.chmod(0o755)
+    out = run_cli("run", "--", str(other))
+    assert out.returncode == 0
+    assert out.stderr.strip() == (f"freetoken_graphfix: warning: {other} is not this environment's interpreter "
+                                  f"({sys.executable}); unless freetoken-graphfix is installed there too, it runs "
+                                  "without the shim")
+
+
+TRAPPER = """
+import os, signal, sys, time
+grandchild = None
+if "--group" in sys.argv:  # a server that makes its own process group, with a worker in it
+    os.setpgrp()
+    grandchild = os.fork()
+    if grandchild == 0:
+        signal.signal(signal.SIGTERM, lambda s, f: os._exit(77))
+        time.sleep(60)
+        os._exit(1)
+got = []
+def handler(signum, frame):
+    got.append(signum)
+    print("got", signum, flush=True)
+    if "--stubborn" not in sys.argv:
+        if grandchild:
+            os.waitpid(grandchild, 0)
+        sys.exit(40 + signum)
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, handler)
+print("ready", os.getpid(), flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def supervised(tmp_path, *flags):
+    script = tmp_path / "trapper.py"
+    script.write_text(TRAPPER)
+    proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "run", "--", sys.executable, str(script),
+                             *flags], env=child_env(None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().split()
+    assert line[0] == "ready", line
+    return proc, int(line[1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_run_forwards_signals_and_exits_with_the_childs_code(tmp_path, signum):
+    proc, child = supervised(tmp_path)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=30)
+    assert out.strip() == f"got {int(signum)}" and proc.returncode == 40 + signum
+    assert "Traceback" not in err and not alive(child)
+
+
+def test_run_forwards_to_the_childs_own_process_group(tmp_path):
+    proc, child = supervised(tmp_path, "--group")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 40 + signal.SIGTERM and not alive(child)
+
+
+def test_run_kills_only_on_a_second_signal(tmp_path):
+    """A child that takes its time to stop is waited for, never killed mid-shutdown; a second signal
+    asks for the kill."""
+    proc, child = supervised(tmp_path, "--stubborn")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    assert proc.poll() is None and alive(child)  # still shutting down: the wrapper waits
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGKILL and not alive(child)
+    assert "SIGTERM again: killing" in err
 
 
 def test_doctor_tells_the_truth():
     out = run_cli("doctor", "--no-bench", env=child_env(None))
     assert out.returncode == 0, out.stderr
-    lines = dict(line.strip().split(": ", 1) for line in out.stdout.splitlines())
+    assert out.stderr == ""  # FreeToken's and the shim's own lines stay out of the report
+    lines = dict(line.strip().split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
     assert lines["FT_GRAPH_UPLOAD"] == "unset (mode auto)"
-    assert lines["freetoken"].startswith("0.2.1 at ") and lines["freetoken"].endswith("(tested: True)")
-    assert lines["patched"].startswith("yes: freetoken 0.2.1 holds the capture-time upload")
-    assert lines["deferred"].startswith("available")
+    assert lines["freetoken"].startswith("0.2.1 at ") and lines["freetoken"].endswith("(a tested release)")
+    assert lines["shim"].startswith("patched, mode auto: freetoken 0.2.1 holds the capture-time upload")
+    assert lines["deferred guard"].startswith("available")
     assert lines["bootstrap .pth"].endswith(bootstrap.PTH_NAME)
     assert lines["new processes"].startswith("shim NOT installed: FT_GRAPH_UPLOAD is unset")
     assert sys.executable in lines["interpreters"] or os.path.realpath(sys.executable) in lines["interpreters"]
-    assert lines["patch series"].startswith("not applied (3 patches in ")
+    assert lines["patch series"].startswith("not applied (3 patches for FreeToken 0.2.1 in ")
+    assert "None" not in out.stdout
+    labels = [line.split(":", 1)[0].strip() for line in out.stdout.splitlines() if ": " in line]
+    assert len(labels) == len(set(labels))  # each label once
     off = run_cli("doctor", "--no-bench", env=child_env("off"))
-    lines = dict(line.strip().split(": ", 1) for line in off.stdout.splitlines())
-    assert lines["patched"] == "no: disabled (FT_GRAPH_UPLOAD=off)"
+    lines = dict(line.strip().split(": ", 1) for line in off.stdout.splitlines() if ": " in line)
+    assert lines["shim"] == "not patched, mode off: disabled (FT_GRAPH_UPLOAD=off)"
     assert lines["new processes"] == (
         "shim NOT installed: FT_GRAPH_UPLOAD='off': shim disabled, FreeToken keeps its own upload")
+
+
+def test_doctor_reports_a_bad_variable_as_the_problem():
+    out = run_cli("doctor", "--no-bench", env=child_env("bogus"))
+    assert out.returncode == 1 and out.stderr == "" and "Traceback" not in out.stdout
+    lines = dict(line.strip().split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    assert lines["FT_GRAPH_UPLOAD"] == ("PROBLEM: FT_GRAPH_UPLOAD='bogus' is not a valid mode; accepted values: "
+                                        "auto, upload, skip, warm, deferred, off, 0, false")
+    assert lines["shim"].startswith("not patched: FT_GRAPH_UPLOAD='bogus' is not a valid mode")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["patch", "--help"]])
+def test_help_works_whatever_the_variable(args):
+    out = run_cli(*args, env=child_env("bogus"))
+    assert out.returncode == 0 and out.stderr == "" and "usage:" in out.stdout
 
 
 def test_bootstrap_logs_each_line_once():
