@@ -1,26 +1,40 @@
-"""Which FreeToken the shim can patch: decided by feature, reported with the version.
+"""Which FreeToken the shim can patch, and how: decided by feature, reported with the version.
 
-FreeToken 0.2.0 and 0.2.1 hold the capture-time upload (``engine/graph.py`` ``_upload_graph``);
-0.1.x has none, so there is nothing to replace there.
+Two generations hold the PLE wait-sync WAIT that a never-uploaded graph can block its first
+launch behind (``shared``: ``freetoken-0.2.1.md``, ``first-launch-upstream.md`` section 5):
+
+- 0.2.x uploads every graph at capture (``engine/graph.py`` ``_upload_graph``): the shim takes that
+  call's place, graph by graph, and sees the WAITs through ``kernel/row_store.wait_reset``.
+- 0.1.3 has no upload at all: the shim decides after ``GraphRunner._capture_graphs``, and sees the
+  WAITs through ``kernel/_ple_store.memop_wait_reset`` (imported inside ``DiskRowTable.lookup``).
+
+0.1.1 and 0.1.2 have no PLE table, hence no host-released WAIT: nothing to protect. "Tested" means
+exactly the releases in :data:`TESTED`; any other is patched only if every feature the shim relies
+on is found, private details of the deferred path included, and says so in a WARNING.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-TESTED = SpecifierSet(">=0.2.0,<0.3")
-"""FreeToken releases this shim is tested against (0.2.0 and 0.2.1); others are gated by feature."""
+TESTED = ("0.1.3", "0.2.0", "0.2.1")
+"""The FreeToken releases the shim's tests run against; every other one is decided by feature."""
 
 GRAPH_MODULE = "freetoken.engine.graph"
 ROW_STORE_MODULE = "freetoken.kernel.row_store"
+PLE_STORE_MODULE = "freetoken.kernel._ple_store"
+PLE_MODULE = "freetoken.models.qwen4_exp.ple_disk"
+
+UPLOAD_SEAM = "upload-seam"  # 0.2.x: decide in place of each _upload_graph call
+AFTER_CAPTURE = "after-capture"  # 0.1.3: decide once _capture_graphs has captured every graph
 
 
 @dataclass(frozen=True)
@@ -33,17 +47,40 @@ class Compat:
     reason: str
     level: int  # the logging level the reason deserves
     tested: bool
-    deferred: bool  # GraphRunner.replay is there, so first launches can be guarded
+    deferred: bool  # the deferred first-launch guard can work on this release
     deferred_reason: str
+    flavor: str = UPLOAD_SEAM
+    wait_module: str = ROW_STORE_MODULE  # where the WAIT-enqueueing function lives
+    wait_function: str = "wait_reset"
+    checked: tuple[str, ...] = field(default=())  # the features looked for (named in the WARNING)
 
 
 def freetoken_version() -> str:
-    """The installed FreeToken's version, from its metadata or ``freetoken.__version__``."""
+    """The FreeToken release in use: its package's own ``version.py`` (a tree on ``PYTHONPATH`` may
+    shadow the installed one; importing it imports nothing else), else the installed metadata."""
+    try:
+        return str(importlib.import_module("freetoken.version").__version__)
+    except (ImportError, AttributeError):
+        pass
     try:
         return metadata.version("freetoken")
     except metadata.PackageNotFoundError:
-        mod = sys.modules.get("freetoken")
-        return str(getattr(mod, "__version__", "unknown"))
+        return "unknown"
+
+
+def is_tested(version: str) -> bool:
+    """Exactly one of :data:`TESTED` (``0.2.1.post1`` or a local build is another release)."""
+    try:
+        return Version(version) in {Version(v) for v in TESTED}
+    except InvalidVersion:
+        return False
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing (0.1.2 has no qwen4_exp)
+        return False
 
 
 def _params(fn: object) -> list[str] | None:
@@ -53,47 +90,85 @@ def _params(fn: object) -> list[str] | None:
         return None
 
 
-def _is_tested(version: str) -> bool:
+def _source(fn: object) -> str:
     try:
-        return Version(version) in TESTED
-    except InvalidVersion:
-        return False
+        return inspect.getsource(fn)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return ""
 
 
-def check(graph: ModuleType, row_store: ModuleType | None) -> Compat:
-    """Inspect ``freetoken.engine.graph`` (and ``row_store``, ``None`` if it failed to import)."""
+def _deferred_details(runner: type, ple: ModuleType | None) -> list[tuple[str, bool]]:
+    """The private details the deferred guard relies on, each with whether it was found."""
+    table = getattr(ple, "DiskRowTable", None) if ple is not None else None
+    replay = _source(inspect.getattr_static(runner, "replay", None))
+    host_ctx = _source(inspect.getattr_static(table, "forward_host_ctx", None)) if table else ""
+    host_fill = _source(inspect.getattr_static(table, "host_fill_batch", None)) if table else ""
+    lookup = _source(inspect.getattr_static(table, "lookup", None)) if table else ""
+    return [
+        ("GraphRunner.replay launches graph_map[batch.padded_size].replay()",
+         "self.graph_map[batch.padded_size]" in replay and ".replay()" in replay),
+        ("DiskRowTable.forward_host_ctx calls self.host_fill_batch and runs its fill after the launch",
+         "self.host_fill_batch(" in host_ctx and "deferred()" in host_ctx),
+        ("DiskRowTable.host_fill_batch returns the deferred fill", "return _complete" in host_fill),
+        ("DiskRowTable.lookup waits on self._flag", "self._flag" in lookup),
+    ]
+
+
+def check(graph: ModuleType) -> Compat:
+    """Inspect ``freetoken.engine.graph`` and the modules it works with (imported here if present)."""
     version = freetoken_version()
     path = str(getattr(sys.modules.get("freetoken"), "__file__", None) or graph.__file__)
-    tested = _is_tested(version)
+    tested = is_tested(version)
 
-    def verdict(patchable: bool, reason: str, level: int, deferred: bool = False, why: str = "") -> Compat:
-        return Compat(version, path, patchable, reason, level, tested, deferred, why or reason)
+    def verdict(patchable: bool, reason: str, level: int, **kw: object) -> Compat:
+        kw.setdefault("deferred_reason", reason)
+        return Compat(version, path, patchable, reason, level, tested, **kw)
 
-    if callable(getattr(graph, "_graph_upload_mode", None)):
-        return verdict(False, f"freetoken {version} carries the graph-upload patch series (FREETOKEN_GRAPH_UPLOAD): "
-                       "the shim stands down", logging.INFO)
-    upload = getattr(graph, "_upload_graph", None)
-    if not callable(upload):
-        return verdict(False, f"freetoken {version} has no engine.graph._upload_graph: it never uploads "
-                       "captured graphs, so there is nothing to replace", logging.INFO)
-    if _params(upload) != ["graph", "stream"]:
-        return verdict(False, f"freetoken {version} changed _upload_graph to {_params(upload)}, expected "
-                       "(graph, stream); FreeToken left untouched", logging.WARNING)
-    wait_reset = getattr(row_store, "wait_reset", None)
-    if row_store is None or not callable(wait_reset) or _params(wait_reset) != ["stream", "flag"]:
-        return verdict(False, f"freetoken {version} lacks kernel.row_store.wait_reset(stream, flag): the shim "
-                       "cannot see which graphs hold a host-released WAIT; FreeToken left untouched",
-                       logging.WARNING)
+    if callable(getattr(graph, "_graph_protect_mode", None)):
+        return verdict(False, f"freetoken {version} carries the first-launch patch series "
+                       "(FREETOKEN_GRAPH_PROTECT): the shim stands down", logging.INFO, deferred=False)
+    if not _module_exists(PLE_MODULE):
+        return verdict(False, f"freetoken {version}: no host-released WAIT in this release (no disk PLE table): "
+                       "nothing to protect", logging.INFO, deferred=False)
     runner = getattr(graph, "GraphRunner", None)
-    replay = inspect.getattr_static(runner, "replay", None) if runner is not None else None
     capture = inspect.getattr_static(runner, "_capture_graphs", None) if runner is not None else None
     if capture is None:
         return verdict(False, f"freetoken {version} has no GraphRunner._capture_graphs; FreeToken left untouched",
-                       logging.WARNING)
-    reason = f"freetoken {version} holds the capture-time upload"
+                       logging.WARNING, deferred=False)
+    upload = getattr(graph, "_upload_graph", None)
+    if upload is not None:
+        flavor, wait_module, wait_function = UPLOAD_SEAM, ROW_STORE_MODULE, "wait_reset"
+        wait_params: list[str] | None = ["stream", "flag"]
+        if _params(upload) != ["graph", "stream"]:
+            return verdict(False, f"freetoken {version} changed _upload_graph to {_params(upload)}, expected "
+                           "(graph, stream); FreeToken left untouched", logging.WARNING, deferred=False)
+    else:
+        flavor, wait_module, wait_function, wait_params = AFTER_CAPTURE, PLE_STORE_MODULE, "memop_wait_reset", None
+    try:
+        waits = importlib.import_module(wait_module)
+    except Exception as exc:  # a broken extension: the shim cannot see WAITs, so it must not patch
+        return verdict(False, f"freetoken {version}: cannot import {wait_module} ({exc!r}): the shim cannot see "
+                       "which graphs hold a host-released WAIT; FreeToken left untouched", logging.WARNING,
+                       deferred=False)
+    enqueue = getattr(waits, wait_function, None)
+    if not callable(enqueue) or (wait_params is not None and _params(enqueue) != wait_params):
+        return verdict(False, f"freetoken {version} lacks {wait_module}.{wait_function}"
+                       f"{'(' + ', '.join(wait_params) + ')' if wait_params else ''}: the shim cannot see which graphs "
+                       "hold a host-released WAIT; FreeToken left untouched", logging.WARNING, deferred=False)
+    try:
+        ple = importlib.import_module(PLE_MODULE)
+    except Exception:
+        ple = None
+    details = _deferred_details(runner, ple)
+    missing = [name for name, found in details if not found]
+    checked = ("GraphRunner._capture_graphs", f"{wait_module}.{wait_function}",
+               *([] if flavor == AFTER_CAPTURE else ["_upload_graph(graph, stream)"]), *(n for n, _ in details))
+    what = "holds the capture-time upload" if flavor == UPLOAD_SEAM else "has no capture-time upload at all"
+    reason = f"freetoken {version} {what}"
     if not tested:
-        reason += f" (untested release: tested {TESTED})"
-    level = logging.INFO if tested else logging.WARNING
-    if replay is None or _params(replay) != ["self", "batch"]:
-        return verdict(True, reason, level, False, "GraphRunner.replay(self, batch) not found")
-    return verdict(True, reason, level, True, "GraphRunner.replay can be wrapped")
+        reason += (f" (untested release, decided by feature: found {', '.join(checked[:3])}; deferred path: "
+                   + ("every private detail found" if not missing else f"missing {'; '.join(missing)}") + ")")
+    return verdict(True, reason, logging.INFO if tested else logging.WARNING, deferred=not missing,
+                   deferred_reason="its first launches can be guarded" if not missing else
+                   f"missing {'; '.join(missing)}", flavor=flavor, wait_module=wait_module,
+                   wait_function=wait_function, checked=checked)

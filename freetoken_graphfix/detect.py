@@ -1,7 +1,8 @@
 """Which captured graphs hold a stream WAIT that the host releases only after the launch returns.
 
-Every such WAIT in FreeToken 0.2.x comes from ``row_store.wait_reset`` called inside a capture
-(``ple_disk.py`` and ``engram_table.py`` ``lookup``). The caller's ``self`` tells who releases it:
+Every such WAIT comes from a ``lookup`` called inside a capture: ``row_store.wait_reset`` in
+FreeToken 0.2.x (``ple_disk.py``, ``engram_table.py``), ``_ple_store.memop_wait_reset`` in 0.1.3
+(``ple_disk.py`` 262-267). The caller's ``self`` tells who releases it:
 
 - PLE ``DiskRowTable`` on CUDA (``_worker is None``): the deferred fill runs on the engine thread
   *after* ``cudaGraphLaunch`` returns (``ple_disk.py`` 342-345). A large never-uploaded graph can
@@ -102,42 +103,82 @@ def outer_frames(depth: int = _SEARCH_DEPTH) -> list[FrameType]:
     return frames
 
 
+class RawFlag:
+    """A flag known only by its address (0.1.3 passes ``data_ptr()``), when no owner's ``_flag``
+    tensor has it: enough for the strategies, which read and write flags by address."""
+
+    def __init__(self, ptr: int) -> None:
+        self._ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+
 def wait_from_caller(flag: Any) -> Wait:
-    """Build the :class:`Wait` record for a ``wait_reset(stream, flag)`` call seen by the hook."""
+    """Build the :class:`Wait` record for a WAIT-enqueueing call seen by the hook (``flag``: the
+    tensor, or its address)."""
     frames = outer_frames()
     for frame in frames:  # the nearest known owner, even with wrappers in between
         owner = frame.f_locals.get("self")
         known = known_owner(owner)
         if known is not None:
-            return Wait(flag, owner, *known)
+            return Wait(_flag_of(owner, flag), owner, *known)
     caller = f"{frames[0].f_globals.get('__name__', '?')}.{frames[0].f_code.co_name}"
-    return Wait(flag, frames[0].f_locals.get("self"), f"unknown ({caller})", Release.AFTER_LAUNCH, False)
+    return Wait(_flag_of(None, flag), frames[0].f_locals.get("self"), f"unknown ({caller})", Release.AFTER_LAUNCH,
+                False)
+
+
+def _flag_of(owner: Any, flag: Any) -> Any:
+    if not isinstance(flag, int):
+        return flag
+    own = getattr(owner, "_flag", None)
+    return own if own is not None and own.data_ptr() == flag else RawFlag(flag)
+
+
+def _capture_local(name: str) -> Any:
+    """A local of the ``_capture_graphs`` frame on the stack (a model's forward can be deep)."""
+    frame: FrameType | None = caller_frame()
+    while frame is not None:
+        if frame.f_code.co_name == "_capture_graphs" and name in frame.f_locals:
+            return frame.f_locals[name]
+        frame = frame.f_back
+    return None
 
 
 def capture_batch_size() -> int | None:
     """The ``bs`` of FreeToken's capture loop (``graph.py`` 200), when ``_capture_graphs`` is calling."""
-    for frame in outer_frames():
-        if frame.f_code.co_name == "_capture_graphs" and isinstance(frame.f_locals.get("bs"), int):
-            return frame.f_locals["bs"]
-    return None
+    bs = _capture_local("bs")
+    return bs if isinstance(bs, int) else None
+
+
+def capturing_graph() -> Any:
+    """The ``graph`` FreeToken's capture loop is capturing (its local, ``graph.py`` 204), if any."""
+    return _capture_local("graph")
 
 
 class WaitRecorder:
-    """The WAITs of the graph being captured; drained by the ``_upload_graph`` hook after each capture.
+    """The WAITs recorded during captures, with the graph each was captured into.
 
-    Cleared at the start and end of every capture pass, so a capture that raised never leaks its
-    WAITs into the next one (runtime rebuilds capture again in the same process).
+    0.2.x drains them after each capture (``_upload_graph``); 0.1.3 takes each graph's once the pass
+    is done. Cleared at the start and end of every capture pass, so a capture that raised never
+    leaks its WAITs into the next one (runtime rebuilds capture again in the same process).
     """
 
     def __init__(self) -> None:
-        self._waits: list[Wait] = []
+        self._waits: list[tuple[Wait, Any]] = []
 
-    def add(self, wait: Wait) -> None:
-        self._waits.append(wait)
+    def add(self, wait: Wait, graph: Any = None) -> None:
+        self._waits.append((wait, graph))
 
     def drain(self) -> list[Wait]:
         waits, self._waits = self._waits, []
-        return waits
+        return [w for w, _ in waits]
+
+    def take(self, graph: Any) -> list[Wait]:
+        """The WAITs captured into ``graph``, in capture order."""
+        mine = [w for w, g in self._waits if g is graph]
+        self._waits = [(w, g) for w, g in self._waits if g is not graph]
+        return mine
 
     def clear(self) -> None:
         self._waits = []

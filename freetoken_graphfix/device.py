@@ -15,12 +15,14 @@ from typing import Any, Protocol
 
 
 class Device(Protocol):
-    """What the strategies need from the device: capture state, launch, bounded wait, rank count,
-    and the calling thread's device for the helper threads it starts."""
+    """What the strategies need from the device: capture state, launch, upload, bounded wait, rank
+    count, and the calling thread's device for the helper threads it starts."""
 
     def is_capturing(self) -> bool: ...
 
     def replay(self, graph: Any, stream: Any) -> None: ...
+
+    def upload(self, graph: Any, stream: Any) -> None: ...
 
     def wait_idle(self, stream: Any, timeout_s: float) -> bool: ...
 
@@ -44,6 +46,17 @@ class CudaDevice:
         # Engine.stream (freetoken-0.2.1.md 2.2): launch on the stream the graph was captured on.
         with torch.cuda.stream(stream):
             graph.replay()
+
+    def upload(self, graph: Any, stream: Any) -> None:
+        """``cuGraphUpload`` on ``stream``, then a synchronize: FreeToken 0.2.x's ``_upload_graph``
+        (``graph.py`` 118-129), made through cuda-python for a release that has none (0.1.3)."""
+        from cuda.bindings import driver
+
+        (err,) = driver.cuGraphUpload(driver.CUgraphExec(graph.raw_cuda_graph_exec()),
+                                      driver.CUstream(stream.cuda_stream))
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuGraphUpload failed with {err.name}")
+        stream.synchronize()
 
     def wait_idle(self, stream: Any, timeout_s: float) -> bool:
         import torch
@@ -94,7 +107,13 @@ def clear_flag(flag: Any) -> None:
 
 
 def signal_flag(flag: Any) -> None:
-    """Release one pending WAIT: FreeToken's own ``row_store.signal`` (a host release-store of 1)."""
-    from freetoken.kernel.row_store import signal
+    """Release one pending WAIT with FreeToken's own host release-store of 1: ``row_store.signal``
+    (0.2.x), ``_ple_store.signal_flag`` (0.1.3)."""
+    try:
+        from freetoken.kernel.row_store import signal
+    except ImportError:
+        from freetoken.kernel import _ple_store
 
-    signal(flag)
+        _ple_store.signal_flag(flag.data_ptr())
+    else:
+        signal(flag)

@@ -1,21 +1,22 @@
-"""install() / uninstall(): wrap FreeToken's capture-time upload and see what each graph holds.
+"""install() / uninstall(): take the place of FreeToken's capture-time upload, graph by graph.
 
-Wrapped, all or nothing, when ``freetoken.engine.graph`` is imported (wrapt post-import hook, so the
-import order does not matter):
+Wrapped, all or nothing, when ``freetoken.engine.graph`` is imported (``importhook``, so the import
+order does not matter), each a module or class attribute FreeToken looks up at call time:
 
-- ``freetoken.engine.graph._upload_graph``: looked up as a global at call time (``graph.py`` 222),
-  so the module attribute is the seam. It gets the per-graph decision.
-- ``freetoken.kernel.row_store.wait_reset``: imported inside ``lookup`` on every call
-  (``ple_disk.py`` 357, ``engram_table.py`` 170); records each WAIT enqueued during a capture.
+- ``engine.graph._upload_graph`` (0.2.x; called per graph, ``graph.py`` 222): the per-graph decision.
+- ``kernel.row_store.wait_reset`` (0.2.x; imported inside ``lookup``, ``ple_disk.py`` 357,
+  ``engram_table.py`` 170) or ``kernel._ple_store.memop_wait_reset`` (0.1.3, ``ple_disk.py``
+  262-267): records each WAIT enqueued during a capture, and which graph was being captured.
 - ``GraphRunner._capture_graphs``: delimits a capture pass (startup, rebuild, rollback), so the
-  record of one pass never leaks into the next and ``status()`` shows every pass.
+  record of one pass never leaks into the next and ``status()`` shows every pass; on 0.1.3, which
+  has no upload to take the place of, it is where each graph is decided, once the pass is done.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,13 +26,13 @@ from typing import Any
 
 import wrapt
 
-from . import config
-from .compat import GRAPH_MODULE, ROW_STORE_MODULE, Compat, check, freetoken_version
+from . import bootstrap, config, importhook
+from .compat import AFTER_CAPTURE, GRAPH_MODULE, UPLOAD_SEAM, Compat, check, freetoken_version
 from .config import Mode
 from .deferred import FirstLaunchGuard, restore
-from .detect import WaitRecorder, capture_batch_size, wait_from_caller
+from .detect import WaitRecorder, capture_batch_size, capturing_graph, wait_from_caller
 from .device import CudaDevice, Device
-from .errors import WarmReplayError
+from .errors import ConfigError, WarmReplayError
 from .strategies import Action, decide, warm_replay
 
 logger = logging.getLogger("freetoken_graphfix")
@@ -68,10 +69,10 @@ class _State:
         self.installed = False
         self.mode: Mode | None = None
         self.env_before: str | None = None
-        self.hook_registered = False
         self.device: Device = CudaDevice()
         self.warm_timeout_s = config.WARM_TIMEOUT_S
         self.compat: Compat | None = None
+        self.config_error = ""  # FT_GRAPH_UPLOAD held a bad value when FreeToken was imported
         self.patches: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, original, our wrapper)
         self.recorder = WaitRecorder()
         self.passes: list[CapturePass] = []
@@ -80,6 +81,7 @@ class _State:
         self.to_mark: list[tuple[Any, Any, list[Any], GraphRecord]] = []
         self.guard: FirstLaunchGuard | None = None
         self.uninstalled: str = ""  # what uninstall() did with graphs still awaiting a first launch
+        self.mode_changes: list[str] = []
 
 
 _state = _State()
@@ -87,19 +89,28 @@ _state = _State()
 
 def install(mode: str | Mode | None = None, *, device: Device | None = None,
             warm_timeout_s: float | None = None) -> None:
-    """Install the shim; safe to call again (a second call logs and returns).
+    """Install the shim, or switch the mode of the one already installed.
 
-    ``mode`` overrides ``FT_GRAPH_UPLOAD``, which is read once, here. The resolved mode is
-    exported to ``FT_GRAPH_UPLOAD`` so child processes (spawned tensor-parallel ranks) decide the
-    same way. ``device`` and ``warm_timeout_s`` exist for tests and the benchmark.
-    Raises :class:`~freetoken_graphfix.errors.ConfigError` for a mode it does not accept.
+    ``mode`` overrides ``FT_GRAPH_UPLOAD`` (read here when ``mode`` is ``None``). The resolved mode
+    is exported to ``FT_GRAPH_UPLOAD`` so child processes (spawned tensor-parallel ranks) decide the
+    same way. On an installed shim a new mode applies to graphs captured from then on: graphs
+    already captured keep their decision (``status()["mode_changes"]`` says so), and a switch to or
+    from ``off`` uninstalls first. ``device`` and ``warm_timeout_s`` exist for tests and the
+    benchmark. Raises :class:`~freetoken_graphfix.errors.ConfigError` for a mode it does not
+    accept, changing nothing.
     """
+    source = "mode" if mode is not None else config.ENV_MODE
+    resolved = config.parse_mode(mode if mode is not None else config.env_value(), source=source)
+    if device is not None:
+        _state.device = device
+    if warm_timeout_s is not None:
+        _state.warm_timeout_s = warm_timeout_s
     if _state.installed:
-        logger.debug("freetoken_graphfix already installed (mode %s)", _state.mode)
+        _switch(resolved)
         return
-    _state.uninstalled = ""
-    resolved = config.parse_mode(mode, source="mode") if mode is not None else config.mode_from_env()
-    _state.env_before = os.environ.get(config.ENV_MODE)
+    env_before = bootstrap.disarm()  # an install pending FreeToken's import: this one replaces it
+    _state.env_before = env_before if env_before is not bootstrap.NOT_ARMED else os.environ.get(config.ENV_MODE)
+    _state.uninstalled, _state.config_error = "", ""
     os.environ[config.ENV_MODE] = resolved.value
     _state.mode, _state.installed = resolved, True
     _state.device = device or CudaDevice()
@@ -107,28 +118,61 @@ def install(mode: str | Mode | None = None, *, device: Device | None = None,
     if resolved is Mode.OFF:
         logger.info("%s=off: shim disabled; FreeToken keeps its own upload", config.ENV_MODE)
         return
-    if not _state.hook_registered:
-        _state.hook_registered = True
-        wrapt.register_post_import_hook(_on_graph_import, GRAPH_MODULE)  # runs now if already imported
-    elif GRAPH_MODULE in sys.modules:
-        _on_graph_import(sys.modules[GRAPH_MODULE])
+    importhook.when_imported(GRAPH_MODULE, _on_graph_import)  # runs now if already imported
+
+
+def install_armed() -> None:
+    """The install ``bootstrap.arm()`` left pending, now that FreeToken's graph module is imported.
+
+    Runs inside FreeToken's import, so a bad ``FT_GRAPH_UPLOAD`` is one ERROR line naming it (and
+    FreeToken keeps its own upload) rather than an exception that would break that import."""
+    try:
+        install()
+    except ConfigError as exc:
+        bootstrap.disarm()  # resolved: reported once, here, and FreeToken stays as shipped
+        _state.config_error = f"{exc}; FreeToken left untouched (its own upload)"
+        logger.error("not patched: %s", _state.config_error)
+
+
+def _switch(mode: Mode) -> None:
+    before = _state.mode
+    if mode is before:
+        logger.debug("freetoken_graphfix already installed in mode %s", mode.value)
+        return
+    captured = sum(len(p.graphs) for p in _state.passes)
+    change = (f"{before.value} -> {mode.value}: graphs captured from now on; the {captured} captured before "
+              "keep their decisions")
+    if Mode.OFF in (before, mode):  # off patches nothing: patching or unpatching is a new install
+        env_before = _state.env_before
+        uninstall()
+        install(mode)
+        _state.env_before = env_before
+    else:
+        _state.mode = mode
+        os.environ[config.ENV_MODE] = mode.value
+    _state.mode_changes.append(change)
+    logger.info("mode %s", change)
 
 
 def uninstall() -> None:
-    """Restore FreeToken's original functions exactly; safe to call again or before install()."""
+    """Restore FreeToken's original functions exactly; safe to call again or before install().
+
+    Graphs still awaiting a deferred first launch are uploaded first: nothing else would protect
+    them once the guard is gone, and the upload is FreeToken's own protection."""
+    bootstrap.disarm()
     if not _state.installed:
         logger.debug("freetoken_graphfix not installed; nothing to uninstall")
         return
     if _state.guard is not None and _state.guard.pending:
-        # Nothing was uploaded for these graphs and no guard will be left to fill their first
-        # launch: give them FreeToken's own protection, which is what uninstall() restores.
         count = _state.guard.protect_pending("uploaded at uninstall() (FreeToken's protection)")
         _state.uninstalled = f"uploaded {count} graph(s) still awaiting their first launch"
         logger.info("uninstall: %s (FreeToken's own protection)", _state.uninstalled)
     _state.guard = None
+    importhook.discard(GRAPH_MODULE, _on_graph_import)
     _unwrap_all()
     _state.recorder.clear()
     _state.current = None
+    _state.compat = None
     if _state.env_before is None:
         os.environ.pop(config.ENV_MODE, None)
     else:
@@ -137,17 +181,26 @@ def uninstall() -> None:
 
 
 def user_env_value() -> str | None:
-    """``FT_GRAPH_UPLOAD`` as the user set it, before install() exported the resolved mode."""
-    return _state.env_before if _state.installed else os.environ.get(config.ENV_MODE)
+    """``FT_GRAPH_UPLOAD`` as the user set it, before the shim exported the resolved mode."""
+    if _state.installed:
+        return _state.env_before
+    armed = bootstrap.armed_env_before()
+    return os.environ.get(config.ENV_MODE) if armed is bootstrap.NOT_ARMED else armed
 
 
 def status() -> dict[str, Any]:
     """A structured record: FreeToken found, whether patched and why not, the mode, every graph seen."""
+    if bootstrap.armed_env_before() is not bootstrap.NOT_ARMED and not _state.installed:
+        install_armed()  # import armed it: complete the install, which then waits for FreeToken
     compat = _state.compat
-    if compat is None:
-        reason = ("not installed" if not _state.installed else
-                  "disabled (FT_GRAPH_UPLOAD=off)" if _state.mode is Mode.OFF else
-                  f"waiting for {GRAPH_MODULE} to be imported")
+    if _state.config_error:
+        reason = _state.config_error
+    elif not _state.installed:
+        reason = "not installed"
+    elif _state.mode is Mode.OFF:
+        reason = f"disabled ({config.ENV_MODE}=off)"
+    elif compat is None:
+        reason = f"waiting for {GRAPH_MODULE} to be imported"
     else:
         reason = compat.reason
     guard = _state.guard
@@ -163,6 +216,7 @@ def status() -> dict[str, Any]:
                      "reason": compat.deferred_reason if compat else None,
                      "pending_first_launches": guard.pending if guard else 0,
                      "at_uninstall": _state.uninstalled},
+        "mode_changes": list(_state.mode_changes),
         "passes": [asdict(p) for p in _state.passes],
     }
 
@@ -173,17 +227,19 @@ def _on_graph_import(graph: ModuleType) -> None:
     if not _state.installed or _state.mode is Mode.OFF or _state.patches:
         return
     try:
-        import freetoken.kernel.row_store as row_store
-    except Exception as exc:  # a broken extension: the shim cannot see WAITs, so it must not patch
-        logger.warning("cannot import %s: %r", ROW_STORE_MODULE, exc)
-        row_store = None
-    compat = _state.compat = check(graph, row_store)
+        compat = _state.compat = check(graph)
+    except Exception as exc:  # runs inside FreeToken's import: never break it, leave it as shipped
+        _state.compat = None
+        _state.config_error = f"inspecting FreeToken failed ({exc!r}); FreeToken left untouched"
+        logger.error("not patched: %s", _state.config_error)
+        return
     if not compat.patchable:
         logger.log(compat.level, "not patched: %s", compat.reason)
         return
     try:
-        _wrap(graph, "_upload_graph", _on_upload_graph)
-        _wrap(row_store, "wait_reset", _on_wait_reset)
+        if compat.flavor == UPLOAD_SEAM:
+            _wrap(graph, "_upload_graph", _on_upload_graph)
+        _wrap(importlib.import_module(compat.wait_module), compat.wait_function, _on_wait_enqueued)
         _wrap(graph.GraphRunner, "_capture_graphs", _on_capture_graphs)
     except Exception as exc:  # never leave a half-patched FreeToken
         _unwrap_all()
@@ -192,11 +248,20 @@ def _on_graph_import(graph: ModuleType) -> None:
         logger.warning("not patched: %s", _state.compat.reason)
         return
     if compat.deferred:
-        _state.guard = FirstLaunchGuard(_state.patches[0][2], _state.device)
+        _state.guard = FirstLaunchGuard(_upload_function(), _state.device)
     elif _state.mode is Mode.DEFERRED:
         logger.warning("FT_GRAPH_UPLOAD=deferred but %s: graphs that need protection get warm",
                        compat.deferred_reason)
     logger.log(compat.level, "patched (mode %s): %s", _state.mode.value, compat.reason)
+
+
+def _upload_function() -> Callable[[Any, Any], None]:
+    """FreeToken's own ``_upload_graph`` where it has one (0.2.x), else the same driver call made by
+    the shim (0.1.3 has none: ``upload`` mode there means FreeToken's missing ``cuGraphUpload``)."""
+    for _, name, original, _ours in _state.patches:
+        if name == "_upload_graph":
+            return original
+    return lambda graph, stream: _state.device.upload(graph, stream)
 
 
 def _wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
@@ -212,11 +277,12 @@ def _unwrap_all() -> None:
 
 # ---------------------------------------------------------------- wrappers
 
-def _on_wait_reset(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+def _on_wait_enqueued(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``row_store.wait_reset(stream, flag)`` (0.2.x), ``_ple_store.memop_wait_reset(stream, ptr)`` (0.1.3)."""
     result = wrapped(*args, **kwargs)
     if _state.device.is_capturing():
-        flag = args[1] if len(args) > 1 else kwargs["flag"]
-        _state.recorder.add(wait_from_caller(flag))
+        flag = args[1] if len(args) > 1 else kwargs.get("flag")
+        _state.recorder.add(wait_from_caller(flag), capturing_graph())
     return result
 
 
@@ -226,6 +292,8 @@ def _on_capture_graphs(wrapped: Callable[..., Any], instance: Any, args: tuple, 
     _state.passes.append(capture)
     try:
         result = wrapped(*args, **kwargs)
+        if _state.compat is not None and _state.compat.flavor == AFTER_CAPTURE:
+            _decide_after_capture(instance, capture)
     except BaseException:
         for *_, record in _state.to_mark:
             record.first_launch = "the capture pass raised: never launched"
@@ -241,6 +309,22 @@ def _on_capture_graphs(wrapped: Callable[..., Any], instance: Any, args: tuple, 
         logger.info("%s", capture.summary())
 
 
+def _decide_after_capture(runner: Any, capture: CapturePass) -> None:
+    """0.1.3: no per-graph seam, so every graph of the pass is decided once the loop is done, in
+    capture order, from the WAITs enqueued while it was captured."""
+    graphs = sorted(getattr(runner, "graph_map", {}).items(), key=lambda kv: -kv[0])
+    replayed = False
+    for bs, graph in graphs:
+        waits = _state.recorder.take(graph)
+        action = _protect(graph, runner.stream, waits, f"bs={bs}", capture,
+                          lambda graph=graph: _state.device.upload(graph, runner.stream))
+        replayed |= action is Action.WARM
+    if replayed:  # a warm replay ran the graph's MoE-offload copies: reset as the loop itself does
+        reset = getattr(runner, "_reset_moe_offload_cache", None)
+        if callable(reset):
+            reset()
+
+
 def _mark_deferred(runner: Any) -> None:
     """Guard the first launch of the pass's deferred graphs, now that ``graph_map`` names their bs."""
     by_graph = {id(g): bs for bs, g in getattr(runner, "graph_map", {}).items()}
@@ -253,33 +337,38 @@ def _mark_deferred(runner: Any) -> None:
 
 
 def _on_upload_graph(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> None:
-    t0 = time.perf_counter()
+    """0.2.x: in place of FreeToken's ``_upload_graph(graph, stream)``, right after each capture."""
     graph, stream = _graph_and_stream(args, kwargs)
     capture = _state.current
     if capture is None:  # called outside a GraphRunner capture pass (a test or a bench)
         capture = CapturePass(len(_state.passes), "direct _upload_graph call", done=True)
         _state.passes.append(capture)
-    index = len(capture.graphs)
     bs = capture_batch_size()
-    name = f"bs={bs}" if bs is not None else f"graph #{index}"
-    waits = _state.recorder.drain()
+    name = f"bs={bs}" if bs is not None else f"graph #{len(capture.graphs)}"
+    _protect(graph, stream, _state.recorder.drain(), name, capture, lambda: wrapped(*args, **kwargs))
+
+
+def _protect(graph: Any, stream: Any, waits: list, name: str, capture: CapturePass,
+             upload: Callable[[], None]) -> Action:
+    """Decide for one graph and act: nothing, ``upload()``, a warm replay, or a deferred mark."""
+    t0 = time.perf_counter()
     compat = _state.compat
     defer_unavailable = (
         (compat.deferred_reason if compat else "FreeToken not inspected") if not (compat and compat.deferred)
         else None if _state.current is not None
         else "captured outside GraphRunner._capture_graphs: no runner launches it")
     decision = decide(_state.mode, waits, defer_unavailable=defer_unavailable)
-    record = GraphRecord(index, name, [w.describe() for w in waits], decision.action.value,
+    record = GraphRecord(len(capture.graphs), name, [w.describe() for w in waits], decision.action.value,
                          decision.reason, 0.0)
     capture.graphs.append(record)
     try:
         if decision.action is Action.UPLOAD:
-            wrapped(*args, **kwargs)
+            upload()
         elif decision.action is Action.WARM:
             if _state.mode in (Mode.AUTO, Mode.DEFERRED):
                 logger.warning("graph %s cannot be deferred (%s); protected by a warm replay instead",
                                name, decision.reason)
-            _warm(graph, stream, waits, name, lambda: wrapped(*args, **kwargs))
+            _warm(graph, stream, waits, name, upload)
         elif decision.action is Action.DEFERRED:
             record.first_launch = "pending"
             tables = list({id(w.owner): w.owner for w in waits if w.after_launch}.values())
@@ -290,6 +379,7 @@ def _on_upload_graph(wrapped: Callable[..., Any], instance: Any, args: tuple, kw
                            "FT_GRAPH_UPLOAD=skip: its first launch can deadlock", name, flags)
     finally:
         record.hook_ms = 1e3 * (time.perf_counter() - t0)
+    return decision.action
 
 
 def _warm(graph: Any, stream: Any, waits: list, name: str, upload: Callable[[], None]) -> None:

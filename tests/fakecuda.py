@@ -1,7 +1,8 @@
 """A CPU stand-in for the CUDA device, and only for the device: FreeToken itself is the real one.
 
 The fake replaces the driver-facing edges FreeToken calls (``torch.cuda`` graph/stream calls,
-``_row_store.memop_wait_reset``, the ctypes ``cuGraphUpload``). A graph is a list of nodes run by
+``memop_wait_reset`` of ``_row_store`` (0.2.x) or ``_ple_store`` (0.1.3), the ctypes
+``cuGraphUpload``). A graph is a list of nodes run by
 a "GPU" thread at launch: a WAIT polls the real host flag until it is >= 1 and writes 0 (the memop
 pair ``wait_reset`` enqueues), a kernel node runs a Python callable. Like the H200 measurements in
 ``shared/gpu.md``, the first launch of a *large*, never-uploaded graph blocks until its first WAIT
@@ -123,6 +124,9 @@ class FakeCuda:
         with self.stream(stream):
             graph.replay()
 
+    def upload(self, graph: FakeGraph, stream: FakeStream) -> None:
+        graph.uploaded = True
+
     def wait_idle(self, stream: FakeStream, timeout_s: float) -> bool:
         if stream.gpu is None:
             return True
@@ -191,12 +195,12 @@ def wire(mp, dev: FakeCuda) -> None:
     import freetoken.engine.graph as graph
     import torch
     from freetoken.distributed.info import DistributedInfo
-    from freetoken.kernel import _row_store
 
-    from .harness import Ctx
+    from .harness import Ctx, FakeEvent, memop_extension
 
-    mp.setattr(_row_store, "memop_wait_reset", dev.memop_wait_reset)
-    mp.setattr(graph, "_cu_graph_upload", lambda: dev.cu_graph_upload)
+    mp.setattr(memop_extension(), "memop_wait_reset", dev.memop_wait_reset)
+    if hasattr(graph, "_cu_graph_upload"):  # 0.2.x; 0.1.3 never uploads
+        mp.setattr(graph, "_cu_graph_upload", lambda: dev.cu_graph_upload)
     mp.setattr(graph, "get_free_memory", lambda device: 1 << 40)
     mp.setattr(graph, "get_tp_info", lambda: DistributedInfo(0, dev.world))
     dev.ctx = Ctx()
@@ -207,5 +211,7 @@ def wire(mp, dev: FakeCuda) -> None:
     mp.setattr(cuda, "stream", dev.stream)
     mp.setattr(cuda, "CUDAGraph", dev.new_graph)
     mp.setattr(cuda, "graph", lambda g, pool=None, stream=None: dev.capture(g, stream))
+    mp.setattr(cuda, "Event", lambda *a, **k: FakeEvent())  # Engine.forward_batch's copy-done event
+    mp.setattr(cuda, "device", lambda *a, **k: contextlib.nullcontext())  # a worker entering its device
     for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
         mp.setattr(cuda, name, lambda *a, **k: None)

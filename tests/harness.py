@@ -1,9 +1,10 @@
-"""FreeToken 0.2.1's real capture loop, replay and PLE disk table, driven on the fake device.
+"""FreeToken's real capture loop, replay and PLE disk table, driven on the fake device.
 
 ``make_table`` builds a real ``DiskRowTable`` in CUDA wait-sync state over a real ``PleStore``
 (FreeToken's compiled row store, reading a row file this module writes). ``__init__`` itself needs
 a GPU (pinned allocations, ``torch.cuda.current_device``), so the attributes it would set are set
-here, as ``ple_disk.py`` 145-222 sets them on CUDA in wait-sync mode.
+here, as the imported release sets them on CUDA in wait-sync mode (0.2.1 ``ple_disk.py`` 145-222,
+0.1.3 ``ple_disk.py`` 120-165).
 """
 
 from __future__ import annotations
@@ -38,8 +39,26 @@ def write_rows(folder: Path) -> Path:
     return path
 
 
+def release() -> tuple[int, ...]:
+    """The imported FreeToken's release, as a tuple."""
+    from freetoken.version import __version__
+
+    return tuple(int(p) for p in __version__.split(".")[:3])
+
+
+def memop_extension():
+    """The extension whose ``memop_wait_reset`` a capture's WAIT goes through."""
+    if release() < (0, 2):
+        from freetoken.kernel import _ple_store
+
+        return _ple_store
+    from freetoken.kernel import _row_store
+
+    return _row_store
+
+
 def make_store(path: Path):
-    from freetoken.kernel.row_store import PleStore
+    PleStore = memop_extension().PleStore  # noqa: N806  (0.2.x re-exports it from kernel.row_store)
 
     return PleStore(paths=[str(path)], extent_file=[0], extent_base=[0], rows_per_extent=ROWS,
                     row_bytes=ROW_BYTES, row_stride=ROW_BYTES, multipliers=MULTIPLIERS,
@@ -60,9 +79,13 @@ def make_table(path: Path, max_graph_rows: int = 8):
     t._graph_pinned = torch.zeros(max_graph_rows * t._token_bytes, dtype=torch.uint8)
     t._graph_dev = torch.empty_like(t._graph_pinned)
     t._graph_consumed = FakeEvent()
-    t._eager_pinned = [torch.zeros(64 * t._token_bytes, dtype=torch.uint8) for _ in range(2)]
-    t._eager_read, t._eager_slot = [FakeEvent(), FakeEvent()], 0
-    t._eager_dev = torch.empty_like(t._eager_pinned[0])
+    if release() < (0, 2):  # one eager staging buffer, no events
+        t._eager_pinned = torch.zeros(64 * t._token_bytes, dtype=torch.uint8)
+        t._eager_dev = torch.empty_like(t._eager_pinned)
+    else:
+        t._eager_pinned = [torch.zeros(64 * t._token_bytes, dtype=torch.uint8) for _ in range(2)]
+        t._eager_read, t._eager_slot = [FakeEvent(), FakeEvent()], 0
+        t._eager_dev = torch.empty_like(t._eager_pinned[0])
     t._wait_sync = True
     t._flag = torch.zeros(1, dtype=torch.int64)
     t._token_readback = torch.zeros(max_graph_rows, dtype=torch.int32)
@@ -154,7 +177,7 @@ def make_batch(bs: int, seed: int, runner=None):
     reqs = []
     for _ in range(bs):
         ids = torch.randint(0, 5000, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g)
-        reqs.append(SimpleNamespace(input_ids=ids, device_len=len(ids)))
+        reqs.append(SimpleNamespace(input_ids=ids, device_len=len(ids), complete_one=lambda: None))
     batch = Batch(reqs=reqs, phase="decode")
     batch.padded_reqs = reqs
     if runner is not None:
@@ -168,9 +191,22 @@ def make_batch(bs: int, seed: int, runner=None):
     return batch, runs
 
 
+def engine_for(runner, table, model: PleModel, ctx: Ctx):
+    """FreeToken's real ``Engine.forward_batch`` on an engine assembled from these pieces (its
+    ``__init__`` needs a GPU): the dispatch protocol of whichever release is imported."""
+    from freetoken.engine.engine import Engine
+
+    engine = object.__new__(Engine)
+    engine.stream, engine.graph_runner, engine.ctx, engine.cpu_moe_executor = runner.stream, runner, ctx, None
+    engine.model = SimpleNamespace(forward_host_ctx=table.forward_host_ctx, forward=model.forward)
+    engine.sampler = SimpleNamespace(sample=lambda logits, args: logits.argmax(-1))
+    return engine
+
+
 def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: int,
-                watchdog_s: float = 1.0, pad: bool = False) -> Step:
-    """One decode step in FreeToken's serving order (engine.py 1272): forward_host_ctx around replay.
+                watchdog_s: float = 1.0, pad: bool = False, engine=None) -> Step:
+    """One decode step in FreeToken's serving order (engine.py 1272): forward_host_ctx around replay,
+    or FreeToken's own ``Engine.forward_batch`` when ``engine`` is given (``engine_for``).
     ``pad``: ``bs`` requests padded to the runner's next graph size, as the scheduler does."""
     # imported here, not at the top: tests/patched_run.py uses this module without the shim
     from freetoken_graphfix.bench.rig import watchdog  # releases the flag: a blocked launch is reported, not hung
@@ -178,8 +214,11 @@ def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: i
     batch, runs = make_batch(bs, seed, runner if pad else None)
     with watchdog(table._flag, watchdog_s) as fired, fake.stream(runner.stream):
         t0 = time.perf_counter()
-        with ctx.forward_batch(batch), table.forward_host_ctx(batch, True):
-            runner.replay(batch)
+        if engine is not None:
+            engine.forward_batch(batch, None)
+        else:
+            with ctx.forward_batch(batch), table.forward_host_ctx(batch, True):
+                runner.replay(batch)
         launch_s = time.perf_counter() - t0
         runner.stream.synchronize()
     want = expect(table, runs)

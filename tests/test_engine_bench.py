@@ -81,7 +81,7 @@ def result(**over):
 
 
 def shim(mode, action):
-    return {"mode": mode, "patched": True, "reason": "ok",
+    return {"installed": True, "mode": mode, "patched": True, "reason": "ok",
             "passes": [{"graphs": [{"action": action}, {"action": action}]}]}
 
 
@@ -92,8 +92,23 @@ def test_a_shim_arm_without_the_shim_is_a_problem():
     assert "expected action warm" in engine.arm_problems("warm", result(shim=shim("warm", "upload")))[0]
     assert "leaked" in engine.arm_problems("upstream", result(shim=shim("auto", "deferred")))[0]
     assert "not in CUDA wait-sync" in engine.arm_problems("upstream", result(wait_sync=False))[0]
-    patched = engine.arm_problems("auto", result(freetoken_patched=True))
-    assert patched and "stands down" in patched[0] and "--arms upstream" in patched[0]
+    patched = engine.arm_problems("upstream", result(freetoken_patched=True))
+    assert patched and "the installed FreeToken carries the patch series" in patched[0]
+
+
+def test_patched_arms_run_the_patched_copy(monkeypatch):
+    monkeypatch.setenv(config.ENV_MODE, "auto")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = engine.arm_env("patched", "/tmp/patched")
+    assert config.ENV_MODE not in env and env["FREETOKEN_GRAPH_PROTECT"] == "first-launch"
+    assert env["PYTHONPATH"] == os.pathsep.join(["/tmp/patched", "/elsewhere"])
+    assert engine.arm_env("patched-none", "/p")["FREETOKEN_GRAPH_PROTECT"] == "none"
+    with pytest.raises(ValueError, match="needs the patched FreeToken"):
+        engine.arm_env("patched-upload")
+    good = result(freetoken_patched=True, freetoken_graph_protect="first-launch", fill_worker=True)
+    assert engine.arm_problems("patched", good) == []  # its worker runs first launches only
+    assert "did not run the patched FreeToken in mode upload" in engine.arm_problems("patched-upload", good)[0]
+    assert "did not run the patched FreeToken" in engine.arm_problems("patched", result())[0]
 
 
 def record(**arms):
@@ -114,8 +129,15 @@ def test_verdicts():
     drifted = record(upstream=result(), warm=result(shim=shim("warm", "warm"), token_hash="cccc"))
     assert engine.failures(drifted) == ["warm: tokens ['cccc'] differ from upstream's"]
     assert "FAILED" in engine.render(drifted)
-    patched_never = record(upstream=result(upload_ms=[], freetoken_patched=True, freetoken_graph_upload="never"))
-    assert "PATCHED (FREETOKEN_GRAPH_UPLOAD=never)" in engine.render(patched_never)  # no graph protected
+    series = dict(freetoken_patched=True, fill_worker=True, upload_ms=[])
+    patched = record(upstream=result(), **{
+        "patched": result(freetoken_graph_protect="first-launch", **series),
+        "patched-none": result(freetoken_graph_protect="none", fires=[{"step": 2}], token_hash="bbbb", **series)})
+    assert engine.failures(patched) == []  # patched-none is a negative control: it may block
+    assert "patched arms: patches/ applied, FREETOKEN_GRAPH_PROTECT=<mode>" in engine.render(patched)
+    blocked = record(upstream=result(), patched=result(freetoken_graph_protect="first-launch", fires=[{"step": 2}],
+                                                       **series))
+    assert engine.failures(blocked) == ["patched: the watchdog released 1 blocked launch(es)"]
 
 
 def test_gpu_time_is_compared_with_the_never_uploaded_arm():

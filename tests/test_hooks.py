@@ -60,9 +60,9 @@ def test_install_uninstall_idempotent_and_exact(clean_shim, caplog):
     freetoken_graphfix.uninstall()  # before install: nothing to do
     freetoken_graphfix.install("auto")
     with caplog.at_level(logging.DEBUG, "freetoken_graphfix"):
-        freetoken_graphfix.install("warm")  # a second call is a no-op
-    assert freetoken_graphfix.status()["mode"] == "auto"
-    assert "already installed" in caplog.text
+        freetoken_graphfix.install("auto")  # the same mode again: nothing to do
+    assert freetoken_graphfix.status()["mode"] == "auto" and freetoken_graphfix.status()["mode_changes"] == []
+    assert "already installed in mode auto" in caplog.text
     wrapped = (vars(graph)["_upload_graph"], vars(row_store)["wait_reset"], vars(graph.GraphRunner)["_capture_graphs"])
     assert all(isinstance(w, wrapt.FunctionWrapper) for w in wrapped)
     assert [w.__wrapped__ for w in wrapped] == list(originals)
@@ -140,10 +140,19 @@ def test_bad_mode_argument(clean_shim):
 
 
 def test_bad_env_value_at_import():
-    proc = subprocess.run([sys.executable, "-c", "import freetoken_graphfix"], capture_output=True, text=True,
+    """Importing the package never raises (an import hook must not break FreeToken's import): once
+    FreeToken is imported, one ERROR line names the variable, the value and the accepted values, and
+    FreeToken keeps its own upload."""
+    code = ("import freetoken_graphfix, json; import freetoken.engine.graph as g; "
+            "print(json.dumps([type(vars(g)['_upload_graph']).__name__, freetoken_graphfix.status()['reason']]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "FT_GRAPH_UPLOAD": "sometimes"})
-    assert proc.returncode == 1
-    assert "ConfigError: FT_GRAPH_UPLOAD='sometimes' is not a valid mode" in proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    message = ("FT_GRAPH_UPLOAD='sometimes' is not a valid mode; accepted values: auto, upload, skip, warm, "
+               "deferred, off, 0, false; FreeToken left untouched (its own upload)")
+    lines = proc.stderr.strip().splitlines()  # through the .pth's handler: the variable is set
+    assert len(lines) == 1 and lines[0].endswith(f"ERROR not patched: {message}"), proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["function", message]
 
 
 def test_other_signature_refused(clean_shim, monkeypatch, caplog):
@@ -168,7 +177,7 @@ def test_missing_wait_reset_refused(clean_shim, monkeypatch):
     monkeypatch.delattr(row_store, "wait_reset")
     freetoken_graphfix.install("auto")
     assert not isinstance(vars(graph)["_upload_graph"], wrapt.FunctionWrapper)
-    assert "lacks kernel.row_store.wait_reset" in freetoken_graphfix.status()["reason"]
+    assert "lacks freetoken.kernel.row_store.wait_reset(stream, flag)" in freetoken_graphfix.status()["reason"]
 
 
 def test_failure_midway_leaves_nothing_patched(clean_shim, monkeypatch):
@@ -190,12 +199,59 @@ def test_failure_midway_leaves_nothing_patched(clean_shim, monkeypatch):
     assert "patching failed" in freetoken_graphfix.status()["reason"]
 
 
-def test_freetoken_013_has_nothing_to_patch(freetoken_tree):
+def test_freetoken_013_is_patched_with_one_info_line(freetoken_tree):
+    """0.1.3 has no upload, but the same WAIT: patched (its WAITs seen through _ple_store), and the
+    only line the shim prints in process is the one INFO line the README promises."""
     report, log = run_child("import freetoken_graphfix", pythonpath=str(freetoken_tree("0.1.3")))
     st = report["status"]
-    assert st["freetoken"]["version"] == "0.1.3" and report["upload"] == "NoneType"
-    assert not st["patched"] and "has no engine.graph._upload_graph" in st["reason"]
-    assert "INFO freetoken_graphfix not patched: freetoken 0.1.3 has no engine.graph._upload_graph" in log
+    assert st["freetoken"]["version"] == "0.1.3" and st["freetoken"]["tested"] and report["upload"] == "NoneType"
+    assert st["patched"] and st["deferred"]["available"]
+    shim_lines = [line for line in log.splitlines() if "freetoken_graphfix" in line]
+    assert shim_lines == ["INFO freetoken_graphfix patched (mode auto): freetoken 0.1.3 has no capture-time upload "
+                          "at all"]
+
+
+def test_freetoken_012_has_nothing_to_protect(freetoken_tree):
+    report, log = run_child("import freetoken_graphfix", pythonpath=str(freetoken_tree("0.1.2")))
+    st = report["status"]
+    assert st["freetoken"]["version"] == "0.1.2" and not st["patched"]
+    shim_lines = [line for line in log.splitlines() if "freetoken_graphfix" in line]
+    assert shim_lines == ["INFO freetoken_graphfix not patched: freetoken 0.1.2: no host-released WAIT in this "
+                          "release (no disk PLE table): nothing to protect"]
+
+
+def test_an_untested_release_is_decided_by_feature(clean_shim, monkeypatch, caplog):
+    from freetoken_graphfix import compat
+
+    monkeypatch.setattr(compat, "freetoken_version", lambda: "0.2.9")
+    with caplog.at_level(logging.INFO, "freetoken_graphfix"):
+        freetoken_graphfix.install("auto")
+    st = freetoken_graphfix.status()
+    assert st["patched"] and st["freetoken"]["tested"] is False and st["deferred"]["available"]
+    assert st["reason"] == (
+        "freetoken 0.2.9 holds the capture-time upload (untested release, decided by feature: found "
+        "GraphRunner._capture_graphs, freetoken.kernel.row_store.wait_reset, _upload_graph(graph, stream); "
+        "deferred path: every private detail found)")
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+
+
+def test_an_untested_release_without_a_private_detail_gets_no_deferral(clean_shim, monkeypatch):
+    """A release whose host_fill_batch no longer returns the deferred fill: the guard could not see
+    the fill, so the deferred path is off (warm instead), and the reason says which detail."""
+    from freetoken.models.qwen4_exp.ple_disk import DiskRowTable
+
+    from freetoken_graphfix import compat
+
+    def host_fill_batch(self, batch, use_graph):
+        return None
+
+    monkeypatch.setattr(compat, "freetoken_version", lambda: "0.2.9")
+    monkeypatch.setattr(DiskRowTable, "host_fill_batch", host_fill_batch)
+    freetoken_graphfix.install("auto")
+    st = freetoken_graphfix.status()
+    assert st["patched"] and not st["deferred"]["available"]
+    assert st["deferred"]["reason"] == "missing DiskRowTable.host_fill_batch returns the deferred fill"
+    assert "deferred path: missing DiskRowTable.host_fill_batch returns the deferred fill" in st["reason"]
 
 
 def test_freetoken_020_is_patched(freetoken_tree):
@@ -203,6 +259,55 @@ def test_freetoken_020_is_patched(freetoken_tree):
     st = report["status"]
     assert st["freetoken"]["version"] == "0.2.0" and st["patched"] and st["freetoken"]["tested"]
     assert report["upload"] == "FunctionWrapper" and st["deferred"]["available"]
+
+
+def test_install_switches_the_mode_of_an_installed_shim(install, fake, engine, caplog):
+    """install(mode) on an installed shim: graphs captured from then on get the new mode, graphs
+    already captured keep their decision, and status() says so."""
+    from . import harness
+
+    _, model = engine
+    install("auto")
+    harness.make_runner(model, fake.default)
+    with caplog.at_level(logging.INFO, "freetoken_graphfix"):
+        freetoken_graphfix.install("warm")
+    harness.make_runner(model, fake.default)
+    st = freetoken_graphfix.status()
+    assert st["mode"] == "warm" and os.environ["FT_GRAPH_UPLOAD"] == "warm"
+    assert [[g["action"] for g in p["graphs"]] for p in st["passes"]] == [["deferred"] * 2, ["warm"] * 2]
+    change = "auto -> warm: graphs captured from now on; the 2 captured before keep their decisions"
+    assert st["mode_changes"] == [change] and f"mode {change}" in caplog.text
+
+
+def test_install_bogus_on_an_installed_shim_changes_nothing(clean_shim):
+    freetoken_graphfix.install("deferred")
+    with pytest.raises(freetoken_graphfix.ConfigError, match=r"^mode='bogus' is not a valid mode; accepted values"):
+        freetoken_graphfix.install("bogus")
+    assert freetoken_graphfix.status()["mode"] == "deferred" and freetoken_graphfix.status()["patched"]
+
+
+def test_switching_to_off_and_back(clean_shim):
+    import freetoken.engine.graph as graph
+
+    original = vars(graph)["_upload_graph"]
+    freetoken_graphfix.install("auto")
+    freetoken_graphfix.install("off")
+    assert vars(graph)["_upload_graph"] is original and freetoken_graphfix.status()["mode"] == "off"
+    freetoken_graphfix.install("skip")
+    assert isinstance(vars(graph)["_upload_graph"], wrapt.FunctionWrapper)
+    assert freetoken_graphfix.status()["mode_changes"][-2:] == [
+        "auto -> off: graphs captured from now on; the 0 captured before keep their decisions",
+        "off -> skip: graphs captured from now on; the 0 captured before keep their decisions"]
+
+
+def test_status_after_uninstall_tells_the_truth(clean_shim):
+    freetoken_graphfix.install("auto")
+    assert freetoken_graphfix.status()["deferred"]["available"]
+    freetoken_graphfix.uninstall()
+    st = freetoken_graphfix.status()
+    assert (st["installed"], st["patched"], st["mode"], st["reason"]) == (False, False, None, "not installed")
+    assert st["deferred"]["available"] is False and st["deferred"]["reason"] is None
+    assert st["freetoken"]["version"] == "0.2.1" and st["freetoken"]["path"] is None
 
 
 def test_status_before_freetoken_import():

@@ -90,8 +90,8 @@ def main(spec_path: str) -> None:
 
     # GraphRunner._capture_graphs looks _upload_graph up as a module global (graph.py 222) and
     # ple_disk imports wait_reset at each lookup: module attributes are the seams, as for the shim.
-    # A FreeToken carrying patches/ calls _protect_graph there instead (per graph, by its mode).
-    seam = "_protect_graph" if hasattr(graph_mod, "_protect_graph") else "_upload_graph"
+    # A FreeToken carrying patches/ calls _upload_graph only with FREETOKEN_GRAPH_PROTECT=upload.
+    seam = "_upload_graph"
     upload_ms: list[float] = []
     upload = getattr(graph_mod, seam)  # the shim's wrapper when its bootstrap ran here
 
@@ -190,8 +190,10 @@ def main(spec_path: str) -> None:
     result = {
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
         "freetoken": metadata.version("freetoken"),
-        "freetoken_patched": hasattr(graph_mod, "_graph_upload_mode"),  # patches/ applied
-        "freetoken_graph_upload": os.environ.get("FREETOKEN_GRAPH_UPLOAD"),
+        "freetoken_patched": hasattr(graph_mod, "_graph_protect_mode"),  # patches/ applied
+        "freetoken_graph_protect": graph_mod._graph_protect_mode() if hasattr(graph_mod, "_graph_protect_mode")
+        else None,
+        "freetoken_file": graph_mod.__file__,
         "table": type(table).__name__, "wait_sync": bool(getattr(table, "_wait_sync", False)),
         "fill_worker": getattr(table, "_worker", None) is not None,
         "graph_bs": sorted(runner.graph_map), "captured_waits": captured_waits[0],

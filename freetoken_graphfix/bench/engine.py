@@ -22,29 +22,39 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .. import config
+from .. import config, patching
 from .common import ERR, OK, environment, positive, progress, rotated
 from .model import ENGINE, build_model_dir, check_layers, prompts
 from .stats import summary
 
 CHILD = Path(__file__).with_name("_engine_child.py")
+PROTECT_ENV = "FREETOKEN_GRAPH_PROTECT"  # the patch series' switch (patches/0003)
 RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
 SHIM_ACTION = {"auto": "deferred", "upload": "upload", "warm": "warm", "deferred": "deferred", "skip": "exposed"}
 SHIM_ARMS = tuple(SHIM_ACTION)  # FT_GRAPH_UPLOAD=<arm>, and the action the shim must take on every graph
-ARMS = ("upstream", "pre-697", *SHIM_ARMS)
-PROTECTED = ("upstream", "auto", "upload", "warm", "deferred")  # must never block, same tokens as upstream
-NEVER_UPLOADED = ("pre-697", "skip")  # the negative control
+# FreeToken with patches/ applied (a patched copy first on PYTHONPATH), FREETOKEN_GRAPH_PROTECT=<mode>
+PATCHED_ARMS = {"patched": "first-launch", "patched-upload": "upload", "patched-none": "none"}
+ARMS = ("upstream", "pre-697", *SHIM_ARMS, *PATCHED_ARMS)
+PROTECTED = ("upstream", "auto", "upload", "warm", "deferred", "patched", "patched-upload")  # never block, same tokens
+NEVER_UPLOADED = ("pre-697", "skip", "patched-none")  # unprotected and never uploaded: the negative control
 
 
-def arm_env(arm: str) -> dict[str, str]:
-    """The engine process's environment: the user's, with ``FT_GRAPH_UPLOAD`` set only for shim arms."""
-    env = {k: v for k, v in os.environ.items() if k != config.ENV_MODE}
+def arm_env(arm: str, patched: str | None = None) -> dict[str, str]:
+    """The engine process's environment: the user's, with ``FT_GRAPH_UPLOAD`` set only for shim arms,
+    and for patched arms the patched FreeToken (``patched``) first on ``PYTHONPATH`` and its mode."""
+    env = {k: v for k, v in os.environ.items() if k not in (config.ENV_MODE, PROTECT_ENV)}
     if arm in SHIM_ARMS:
         env[config.ENV_MODE] = arm
+    elif arm in PATCHED_ARMS:
+        if patched is None:
+            raise ValueError(f"arm {arm!r} needs the patched FreeToken (patching.patched_copy)")
+        env[PROTECT_ENV] = PATCHED_ARMS[arm]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (patched, os.environ.get("PYTHONPATH")) if p)
     return env
 
 
-def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, label: str = "") -> dict[str, Any]:
+def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, label: str = "",
+            patched: str | None = None) -> dict[str, Any]:
     """One engine process for ``arm``; its result line, or the error and the tail of its log."""
     label = label or arm
     spec = {"model_dir": model_dir, "engine": ENGINE, "prompts": prompts(), "tokens": opts.tokens,
@@ -57,7 +67,7 @@ def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, la
     with open(log_path, "w") as log:
         try:
             proc = subprocess.run([sys.executable, str(CHILD), spec_path], stdout=subprocess.PIPE, stderr=log,
-                                  text=True, env=arm_env(arm), timeout=opts.hang_timeout + 60)
+                                  text=True, env=arm_env(arm, patched), timeout=opts.hang_timeout + 60)
             code, stdout, why = proc.returncode, proc.stdout, f"engine process exited {proc.returncode}"
         except subprocess.TimeoutExpired as exc:  # the child's own faulthandler exit did not fire
             code, stdout, why = None, "", f"engine process killed after {exc.timeout:.0f} s"
@@ -74,17 +84,21 @@ def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, la
 def arm_problems(arm: str, r: dict[str, Any]) -> list[str]:
     """What makes this arm's run no proof of anything, whatever its figures say."""
     out = []
-    if not (r["wait_sync"] and not r["fill_worker"]):
+    if not (r["wait_sync"] and (not r["fill_worker"] or r.get("freetoken_patched"))):  # patched: first launches only
         out.append(f"PLE table {r['table']} is not in CUDA wait-sync mode: no WAIT to protect")
     if "replay_error" in r:
         out.append(f"timing the graphs' replays failed: {r['replay_error']}")
     if r["captured_waits"] < len(r["graph_bs"]) or r["steps"]["graph"] == 0:
         out.append(f"decode did not run on graphs holding the WAIT ({r['captured_waits']} WAITs, steps {r['steps']})")
     shim = r["shim"]
-    if arm in SHIM_ARMS and r.get("freetoken_patched"):
-        out.append("this FreeToken carries the patch series, so the shim stands down; compare its own "
-                   "FREETOKEN_GRAPH_UPLOAD modes with --arms upstream")
-    elif arm in SHIM_ARMS:
+    if arm in PATCHED_ARMS:
+        if not r.get("freetoken_patched") or r.get("freetoken_graph_protect") != PATCHED_ARMS[arm]:
+            out.append(f"the engine did not run the patched FreeToken in mode {PATCHED_ARMS[arm]} "
+                       f"(patched: {r.get('freetoken_patched')}, {PROTECT_ENV}={r.get('freetoken_graph_protect')})")
+    elif r.get("freetoken_patched"):
+        out.append(f"the installed FreeToken carries the patch series, so the {arm} arm measures it, not 0.2.1: "
+                   "revert it (patch revert --site) and compare the series through the patched arms")
+    if arm in SHIM_ARMS:
         if shim is None or shim["mode"] != arm or not shim["patched"]:
             out.append(f"the shim did not reach the engine process in mode {arm} "
                        f"({'not loaded' if shim is None else shim['reason']}): is freetoken-graphfix installed in "
@@ -93,7 +107,7 @@ def arm_problems(arm: str, r: dict[str, Any]) -> list[str]:
             actions = [g["action"] for p in shim["passes"] for g in p["graphs"]]
             if set(actions) != {SHIM_ACTION[arm]}:
                 out.append(f"expected action {SHIM_ACTION[arm]} for every graph, got {actions}")
-    elif shim is not None:
+    elif shim is not None and shim["installed"]:
         out.append(f"the shim was loaded in the {arm} arm ({config.ENV_MODE} leaked into its environment)")
     return out
 
@@ -104,15 +118,18 @@ def engine_record(layers: int, opts: argparse.Namespace, log_dir: str) -> dict[s
     An unrecorded warm-up run goes first: the first engine on a machine compiles FreeToken's triton
     and JIT kernels into their caches, and no arm should pay for that."""
     model_dir = tempfile.mkdtemp(prefix=f"graphfix-engine-{layers}L-", dir=log_dir)
+    patched = (str(patching.patched_copy(Path(log_dir) / "patched-freetoken"))
+               if any(arm in PATCHED_ARMS for arm in opts.arms) else None)
     try:
         build_model_dir(model_dir, layers)
-        if opts.warmup:
-            warm = run_arm("upstream", model_dir, opts, log_dir, label="warmup")
-            print(f"engine {layers}L warm-up run: {one_line(warm)}", file=sys.stderr, flush=True)
+        if opts.warmup:  # the patched copy is another path: its JIT kernels may be compiled again
+            for arm in ("upstream", *(["patched"] if patched else [])):
+                warm = run_arm(arm, model_dir, opts, log_dir, label=f"warmup-{arm}", patched=patched)
+                print(f"engine {layers}L warm-up run ({arm}): {one_line(warm)}", file=sys.stderr, flush=True)
         runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in opts.arms}
         order = [arm for r in range(opts.rounds) for arm in rotated(opts.arms, r)]
         for arm in progress(order, len(order), f"engine arms ({layers} layers)"):
-            runs[arm].append(run_arm(arm, model_dir, opts, log_dir))
+            runs[arm].append(run_arm(arm, model_dir, opts, log_dir, patched=patched))
             print(f"engine {layers}L {arm}: {one_line(runs[arm][-1])}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
@@ -195,24 +212,24 @@ def failures(record: dict[str, Any]) -> list[str]:
 def render(record: dict[str, Any]) -> str:
     env, summary = record["env"], record["summary"]
     first = next((r for rs in record["runs"].values() for r in rs if "freetoken" in r), {})
-    ft = first.get("freetoken", "?") + (f" PATCHED (FREETOKEN_GRAPH_UPLOAD={first.get('freetoken_graph_upload')})"
-                                        if first.get("freetoken_patched") else "")
+    ft = first.get("freetoken", "?") + (f"; patched arms: patches/ applied, {PROTECT_ENV}=<mode>"
+                                        if any(arm in PATCHED_ARMS for arm in summary) else "")
     lines = [f"{env['gpu']} | driver {env['driver']} | torch {env['torch']} | freetoken {ft} | {env['date']}",
              f"real engine, synthetic qwen4_exp, {record['layers']} layers, disk PLE wait-sync, graphs bs 2 and 1, "
              f"3 requests x {record['tokens']} tokens, {record['rounds']} round(s). Per bs (2, 1): decode step GPU ms "
              "(CUDA events around forward_batch, warm graph steps; host-bound) and graph replay GPU ms (the "
              "engine's graphs alone, after the run); ratios to the never-uploaded arm",
-             f"{'arm':9} {'fires':>5} {'1st launch ms':>15} {'upload ms/graph':>15} {'capture ms':>10} "
+             f"{'arm':14} {'fires':>5} {'1st launch ms':>15} {'upload ms/graph':>15} {'capture ms':>10} "
              f"{'step median [IQR] bs 2 | bs 1':>40} {'/never':>7} {'replay median bs 2 | bs 1':>26} {'/never':>7} "
              f"{'tokens':>17}"]
     for arm, s in summary.items():
         step = " | ".join(f"{q['median']:.4f} [{q['p25']:.4f}-{q['p75']:.4f}]" for q in s["step_gpu_ms"].values())
         replay = " | ".join(f"{q['median']:.4f}" for q in s["replay_gpu_ms"].values())
         tokens = ",".join(s["hashes"]) + ("" if arm == "upstream" or s["same_tokens_as_upstream"] else " DIFF")
-        lines.append(f"{arm:9} {s['fires']:>5} {fmt_ms(s['first_launch_ms']):>15} {s['upload_ms_per_graph']:>15.2f} "
+        lines.append(f"{arm:14} {s['fires']:>5} {fmt_ms(s['first_launch_ms']):>15} {s['upload_ms_per_graph']:>15.2f} "
                      f"{s['capture_ms']:>10.1f} {step:>40} {s['step_gpu_vs_never_uploaded']:>7.4f} {replay:>26} "
                      f"{s['replay_gpu_vs_never_uploaded']:>7.4f} {tokens:>17}")
-        lines += [f"          ! {e}" for e in s["errors"]]
+        lines += [f"{'':15}! {e}" for e in s["errors"]]
     controls = [a for a in NEVER_UPLOADED if a in summary]
     if controls:
         lines.append("negative control (never uploaded): " + ", ".join(

@@ -201,10 +201,10 @@ def watchdog(flag: torch.Tensor | None, seconds: float):
 
     def run() -> None:
         if flag is not None and not done.wait(seconds):
-            from freetoken.kernel.row_store import signal
+            from ..device import signal_flag
 
             fired.set()
-            signal(flag)
+            signal_flag(flag)
 
     th = threading.Thread(target=run, daemon=True)
     th.start()

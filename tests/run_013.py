@@ -1,0 +1,127 @@
+"""Run in a child whose ``PYTHONPATH`` puts FreeToken 0.1.3 first: the shim on 0.1.3's real pieces.
+
+``python -m tests.run_013`` prints one JSON line: 0.1.3's real ``GraphRunner`` (no ``_upload_graph``
+at all), ``DiskRowTable`` (wait-sync, ``_ple_store``) and ``Engine.forward_batch`` on the fake
+device, whose large graphs block their first never-uploaded launch behind their WAIT. First
+without the shim (the negative control), then in every mode, then the faults under ``auto``.
+"""
+
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from . import harness
+from .fakecuda import FakeCuda, wire
+
+
+class Rig:
+    def __init__(self, tmp: str, mode: str | None) -> None:
+        import freetoken_graphfix
+
+        freetoken_graphfix.uninstall()  # importing the package armed it: start from FreeToken as shipped
+        self.mp, self.fake = pytest.MonkeyPatch(), FakeCuda()
+        wire(self.mp, self.fake)
+        if mode is not None:
+            freetoken_graphfix.install(mode, device=self.fake, warm_timeout_s=2.0)
+        self.table = harness.make_table(harness.write_rows(Path(tmp)))
+        self.model = harness.PleModel(self.table, self.fake, self.fake.ctx)
+        self.capture()
+
+    def capture(self) -> None:
+        self.runner = harness.make_runner(self.model, self.fake.default, bs_list=(1, 2, 4))
+        self.engine = harness.engine_for(self.runner, self.table, self.model, self.fake.ctx)
+
+    def step(self, bs: int, seed: int, pad: bool = False) -> dict:
+        try:
+            s = harness.decode_step(self.runner, self.table, self.model, self.fake.ctx, self.fake, bs, seed,
+                                    pad=pad, engine=self.engine)
+        except Exception as exc:
+            self.runner.stream.synchronize()  # returns: no WAIT may be left pending
+            return {"raised": repr(exc), "flag_after": int(self.table._flag[0])}
+        if s.fired:
+            self.table._flag.zero_()  # the watchdog's and the fill's releases: drop the surplus
+        return {"fired": s.fired, "ok": s.ok, "flag_after": s.flag_after}
+
+    def close(self) -> None:
+        import freetoken_graphfix
+
+        freetoken_graphfix.uninstall()
+        self.fake.halt.set()
+        self.mp.undo()
+
+
+def graphs(rig: Rig) -> list[dict]:
+    return [{"uploaded": g.uploaded, "launches": g.launches} for g in (rig.runner.graph_map[bs] for bs in (4, 2, 1))]
+
+
+def run_mode(mode: str | None) -> dict:
+    from freetoken.engine.graph import GraphRunner
+    from freetoken.models.qwen4_exp.ple_disk import DiskRowTable
+
+    import freetoken_graphfix
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rig = Rig(tmp, mode)
+        try:
+            out = {"at_capture": graphs(rig),
+                   "steps": [rig.step(bs, seed, pad=bs == 3) for seed, bs in enumerate([2, 2, 1, 3, 1])]}
+            st = freetoken_graphfix.status()
+            out["passes"] = [[(g["name"], g["action"], g["first_launch"]) for g in p["graphs"]] for p in st["passes"]]
+            out["reason"] = st["reason"]
+            out["left_on_freetoken"] = sorted(
+                [f"graph bs={bs}" for bs, g in rig.runner.graph_map.items() if "replay" in vars(g)]
+                + (["table"] if "host_fill_batch" in vars(rig.table) else [])
+                + [f"{c.__name__}.{n}" for c, n in ((GraphRunner, "replay"), (DiskRowTable, "host_fill_batch"))
+                   if getattr(vars(c)[n], "__wrapped__", None) is not None])
+            if mode != "auto":
+                return out
+            rig.runner.destroy_cuda_graphs()  # Engine.rebuild_runtime_cache (engine.py 941, 972)
+            rig.capture()
+            out["rebuild"] = [rig.step(bs, seed) for seed, bs in enumerate([1, 2], start=10)]
+            out["rebuild_pass"] = [g["action"] for g in freetoken_graphfix.status()["passes"][-1]["graphs"]]
+            real_fill = DiskRowTable.fill
+
+            def broken(self, runs, *, graph):
+                raise OSError("disk read failed")
+
+            rig.mp.setattr(DiskRowTable, "fill", broken)
+            out["fill_raises"] = rig.step(4, seed=20, pad=True)
+            rig.mp.setattr(DiskRowTable, "fill", real_fill)
+            out["after_fill_raised"] = rig.step(4, seed=21)
+            rig.capture()
+            rig.runner.graph_map[2].fail_launch = True
+            out["launch_raises"] = rig.step(2, seed=30)
+            rig.runner.graph_map[2].fail_launch = False
+            out["launch_retry"] = rig.step(2, seed=31)
+            rig.runner.attn_backend.fail_next_replay = True
+            out["raises_before_launch"] = rig.step(1, seed=32)
+            out["retry_after_raise_before_launch"] = rig.step(1, seed=33)
+            out["last_pass"] = [(g["name"], g["first_launch"]) for g in freetoken_graphfix.status()["passes"][-1][
+                "graphs"]]
+            return out
+        finally:
+            rig.close()
+
+
+def main() -> None:
+    import freetoken.engine.graph as graph
+    from freetoken.version import __version__
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(f"{r.levelname} {r.getMessage()}")  # type: ignore[method-assign]
+    logging.getLogger("freetoken_graphfix").addHandler(handler)
+    logging.getLogger("freetoken_graphfix").setLevel(logging.INFO)
+    out = {"freetoken": __version__, "file": graph.__file__, "has_upload_graph": hasattr(graph, "_upload_graph")}
+    for mode in (None, "auto", "deferred", "warm", "upload", "skip"):
+        records.clear()
+        out[str(mode)] = run_mode(mode)
+        out[str(mode)]["log"] = list(records)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
