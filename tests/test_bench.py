@@ -89,11 +89,66 @@ def test_rows_pool_instances_and_report_their_spread():
 def test_verdict_weighs_the_upload_against_the_spread_of_instances():
     skip = [[100.0], [100.4], [99.6], [100.0]]
     slower = stats.rows(record(skip, skip, [[102.0], [102.4], [101.6], [102.0]]))
-    assert "+2.00% ± 0.47%" in stats.verdict(slower) and "COSTS this GPU" in stats.verdict(slower)
+    assert "+2.00% ± 0.46%" in stats.verdict(slower) and "COSTS this GPU" in stats.verdict(slower)
     within = stats.rows(record(skip, skip, [[100.2], [100.6], [99.8], [100.2]]))
     assert stats.verdict(within).endswith("no measurable cost on this GPU")
     single = stats.rows(record([[100.0]], [[100.0]], [[103.0]]))
-    assert "needs --instances 2 or more" in stats.verdict(single)
+    assert "cannot support the upload/skip ratio (needs --instances 2 or more" in stats.verdict(single)
+    wide = stats.rows(record([[100.0], [100.8], [99.2], [100.0]], [[100.0]] * 4, [[100.2], [101.0], [99.4], [100.2]]))
+    assert stats.verdict(wide).endswith("no cost this run can resolve (its band is wider than 0.5%: run with more "
+                                        "--instances)")
+
+
+def clustered(fast: float, slow: float, n_fast: int, n_slow: int, cost: float = 1.0) -> list[list[float]]:
+    """Instances in two modes about 6% apart, each instance keeping its mode (and a little noise)."""
+    return ([[fast * cost * (1 + 0.001 * i)] * 3 for i in range(n_fast)]
+            + [[slow * cost * (1 + 0.001 * i)] * 3 for i in range(n_slow)])
+
+
+def test_two_modes_are_detected_and_compared_within():
+    """The H200 run that split into ~550 and ~588 µs clusters: pooled, 2 SE was 3.5-4.4%; within
+    the modes, a 1% cost is resolved, and the report says the instances were multi-modal."""
+    skip = clustered(550, 588, 2, 2)
+    upload = clustered(550, 588, 3, 1, cost=1.01)
+    auto = clustered(550, 588, 1, 3)
+    table = stats.rows(record(skip, auto, upload))
+    up = next(r for r in table if r["arm"] == "upload")
+    assert up["modes"] == 2 and up["mode_counts"] == [3, 1]
+    assert up["ratio_skip"] == pytest.approx(1.01, abs=0.001) and 2 * up["ratio_se"] < 0.005
+    assert "COSTS this GPU" in stats.verdict(table)
+    notes = stats.mode_notes(table)
+    assert notes == ["bs 1: the instances fall into 2 modes (fastest first; a property of each instance, not of "
+                     "time): skip 2/2, auto 1/3, upload 3/1"]
+
+
+def test_an_arm_alone_in_a_mode_gets_no_ratio_but_a_note():
+    skip, upload = clustered(550, 588, 4, 0), clustered(550, 588, 0, 4)
+    table = stats.rows(record(skip, skip, upload))
+    up = next(r for r in table if r["arm"] == "upload")
+    assert not stats.supported(up) and "n/a" in report.render(record(skip, skip, upload))
+    assert stats.verdict(table).startswith("verdict: none: this run cannot support the upload/skip ratio")
+    assert stats.mode_notes(table)[0].endswith("; upload fall into them unlike skip (Fisher p < 0.05): that itself "
+                                               "may be a cost")
+    assert stats.fisher_exact(0, 4, 4, 0) == pytest.approx(2 / 70)
+
+
+def test_markdown_report_in_775s_terms():
+    rec = record([[100.0], [100.4], [99.6], [100.0]], [[100.0]] * 4, [[102.0], [102.4], [101.6], [102.0]])
+    rec["command"] = "python -m freetoken_graphfix bench --instances 4"
+    text = report.markdown(rec)
+    assert "| GPU | GPU |" in text and "| FreeToken | 0.2.1 |" in text
+    assert "| command | `python -m freetoken_graphfix bench --instances 4` |" in text
+    assert "| upload | 1 | 0.1020 | 1.0200 ± 0.0046 |" in text and "| skip | 1 | 0.1000 | 1 (base) |" in text
+    assert "**verdict: upload vs never uploaded (skip) replay: bs 1 +2.00% ± 0.46%" in text
+
+
+def test_startup_bench_measures_armed_and_off():
+    from freetoken_graphfix.bench import startup
+
+    rec, text = startup.startup(3)
+    assert set(rec["delta_ms"]) == {"unset", "armed (auto)", "off"} and rec["target_ms"] == 5.0
+    assert text.startswith("python -c pass, 3 interleaved runs each, FreeToken never imported: bare venv ")
+    assert "armed (auto) +" in text or "armed (auto) -" in text
 
 
 @pytest.mark.parametrize("option", ["--instances", "--reps", "--kernels", "--streams", "--profile-reps"])

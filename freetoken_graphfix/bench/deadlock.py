@@ -7,7 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from .common import last_stderr_line, progress
@@ -20,40 +23,44 @@ def probe(opts: argparse.Namespace) -> dict[str, Any]:
     from .rig import Rig
 
     rig = Rig(kernels=opts.kernels, streams=opts.streams, wait=True)
-    hooks.uninstall()  # importing the package installed the environment's mode
+    hooks.uninstall()  # importing the package armed the environment's mode
     hooks.install(opts.strategy)
     t0 = time.perf_counter()
     runner = rig.capture((1,))
     capture_s = time.perf_counter() - t0
     first = rig.step(runner, 1, seed=1, watchdog_s=opts.watchdog)
     later = rig.step(runner, 1, seed=2, watchdog_s=opts.watchdog)
+    graph = hooks.status()["passes"][-1]["graphs"][0]
     return {"strategy": opts.strategy, "kernels": opts.kernels, "streams": opts.streams,
             "first_launch_ms": first.launch_ms, "blocked": first.fired, "second_blocked": later.fired,
-            "capture_s": capture_s, "action": hooks.status()["passes"][-1]["graphs"][0]["action"]}
+            "capture_s": capture_s, "action": graph["action"], "hook_ms": graph["hook_ms"]}
+
+
+def run_case(kernels: int, streams: int, arm: str, watchdog: float, log: Any = None) -> dict[str, Any]:
+    """One probe in a fresh process (its stderr to ``log`` when given); its row, or the error."""
+    cmd = [sys.executable, "-m", "freetoken_graphfix", "bench", "--probe", "--strategy", arm,
+           "--kernels", str(kernels), "--streams", str(streams), "--watchdog", str(watchdog)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "FT_GRAPH_UPLOAD": arm})
+    if log is not None:
+        log.write(f"$ {' '.join(cmd)}\n{proc.stderr}\n")
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"strategy": arm, "kernels": kernels, "streams": streams, "error": last_stderr_line(proc)}
 
 
 def deadlock_matrix(opts: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
     """Every (kernels, streams, strategy) case in its own process, ``opts.jobs`` at a time. A blocked
     case shows as a launch the watchdog released, so concurrent cases cannot hide one; their
     first-launch times are less precise than in a sequential run."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def run_case(case: tuple[int, int, str]) -> dict[str, Any]:
-        kernels, streams, arm = case
-        cmd = [sys.executable, "-m", "freetoken_graphfix", "bench", "--probe", "--strategy", arm,
-               "--kernels", str(kernels), "--streams", str(streams), "--watchdog", str(opts.watchdog)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "FT_GRAPH_UPLOAD": arm})
-        try:
-            row = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            row = {"strategy": arm, "kernels": kernels, "streams": streams, "error": last_stderr_line(proc)}
+    def case(spec: tuple[int, int, str]) -> dict[str, Any]:
+        row = run_case(*spec, opts.watchdog)
         print("probe", json.dumps(row), file=sys.stderr, flush=True)
         return row
 
     cases = [(k, s, arm) for k in opts.matrix_kernels for s in (1, 4) for arm in opts.strategies]
     with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
-        rows = list(progress(pool.map(run_case, cases), len(cases), "deadlock probes"))
+        rows = list(progress(pool.map(case, cases), len(cases), "deadlock probes"))
     lines = [f"{'kernels':>8} {'streams':>7} " + " ".join(f"{a:>16}" for a in opts.strategies)]
     for kernels in opts.matrix_kernels:
         for streams in (1, 4):
@@ -65,3 +72,39 @@ def deadlock_matrix(opts: argparse.Namespace) -> tuple[list[dict[str, Any]], str
                              f"ok {r['first_launch_ms']:.2f} ms")
             lines.append(f"{kernels:>8} {streams:>7} " + " ".join(f"{c:>16}" for c in cells))
     return rows, "\n".join(lines)
+
+
+@dataclass
+class ShortCheck:
+    lines: list[tuple[str, str]]  # (label, value) for doctor's report
+    problems: int
+    log: str  # where the probes' own output went
+
+
+def short_check(kernels: int = 10000, watchdog: float = 4.0) -> ShortCheck:
+    """What one short run can support, for ``doctor``: does a protected first launch block on this
+    GPU, does an unprotected one (the control), and what does the hook cost at capture. Three
+    probes at once, each a fresh process on a graph large enough to block on an H200."""
+    with tempfile.NamedTemporaryFile("w", prefix="graphfix-doctor-", suffix=".log", delete=False) as log:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            auto, skip, upload = pool.map(lambda arm: run_case(kernels, 1, arm, watchdog, log),
+                                          ("auto", "skip", "upload"))
+    graph = f"{kernels:,}-kernel graph behind a PLE wait-sync WAIT"
+    lines, problems = [], 0
+    for label, row, protected in (("protected launch", auto, True), ("unprotected control", skip, False)):
+        if "error" in row:
+            lines.append((label, f"ERROR: {row['error']} (see the log)"))
+            problems += 1
+        elif row["blocked"]:
+            problems += protected
+            lines.append((label, f"{row['strategy']}: BLOCKED until the watchdog ({watchdog:g} s) on a {graph}"
+                          + ("; the protection failed here: please report it" if protected else
+                             ": this GPU deadlocks without protection")))
+        else:
+            lines.append((label, f"{row['strategy']} ({row['action']}): first launch {row['first_launch_ms']:.1f} ms, "
+                          f"not blocked, on a {graph}"
+                          + ("" if protected else ": no block at this size (larger graphs can)")))
+    if not any("error" in r for r in (auto, upload)):
+        lines.append(("capture cost", f"auto {auto['hook_ms']:.2f} ms a graph, upload {upload['hook_ms']:.2f} ms "
+                      "a graph (FreeToken's own)"))
+    return ShortCheck(lines, problems, log.name)

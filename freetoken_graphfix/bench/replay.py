@@ -100,7 +100,8 @@ def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
                     end.record(stream)
                     end.synchronize()
                     arms[arm]["replay_us"][str(bs)][i].append(1e3 * start.elapsed_time(end))
-    record = {"env": environment(), "config": {k: v for k, v in vars(opts).items() if k not in ("json", "plot")},
+    record = {"env": environment(),
+              "config": {k: v for k, v in vars(opts).items() if k not in ("json", "plot", "markdown")},
               "arms": arms, "host_overhead": host_overhead(rig, runners.get(("auto", 0)) or runners[keys[0]])}
     gaps, record["gaps_note"] = gaps_from_child(opts) if opts.profile_reps else ({}, "not traced (--profile-reps 0)")
     for arm in arms:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .stats import rows, verdict
+from .stats import mode_notes, rows, supported, verdict
+
+
+def _ratio(r: dict[str, Any]) -> str:
+    """``1.0013 ± 0.0028`` (two standard errors over instances), or why the run cannot say."""
+    if r["arm"] == "skip":
+        return "1 (base)"
+    return f"{r['ratio_skip']:.4f} ± {2 * r['ratio_se']:.4f}" if supported(r) else "n/a"
 
 
 def render(record: dict[str, Any]) -> str:
@@ -16,8 +23,8 @@ def render(record: dict[str, Any]) -> str:
              f"{'no' if cfg['no_wait'] else 'yes (real DiskRowTable)'}, H2D {'yes' if cfg['h2d'] else 'no'}, "
              f"bs {cfg['batch_sizes']}; {cfg['instances']} graph instances per strategy, {cfg['reps']} interleaved "
              "replays each; times in µs (all instances pooled)",
-             f"{'strategy':9} {'bs':>3} {'action':9} {'median':>9} {'p10':>9} {'p90':>9} {'/skip':>7} {'spread':>7} "
-             f"{'gap µs (med/stream)':>22} {'1st launch ms':>14} {'hook ms':>8} {'logits':>7}"]
+             f"{'strategy':9} {'bs':>3} {'action':9} {'median':>9} {'p10':>9} {'p90':>9} {'/skip ± 2 SE':>17} "
+             f"{'spread':>7} {'gap µs (med/stream)':>22} {'1st launch ms':>14} {'hook ms':>8} {'logits':>7}"]
     shown: set[str] = set()
     table = rows(record)
     for r in table:
@@ -29,10 +36,12 @@ def render(record: dict[str, Any]) -> str:
                     if gap_lists else "n/a")
         blocked = f" BLOCKED {r['blocked']}/{r['instances']}" if r["blocked"] else ""
         lines.append(f"{r['arm']:9} {r['bs']:>3} {'/'.join(r['actions']):9} {r['median']:9.1f} {r['p10']:9.1f} "
-                     f"{r['p90']:9.1f} {r['ratio_skip']:7.4f} {100 * r['instance_spread']:6.2f}% {gaps:>22} "
+                     f"{r['p90']:9.1f} {_ratio(r):>17} {100 * r['instance_spread']:6.2f}% {gaps:>22} "
                      f"{r['first_launch_ms']:>14.2f}{blocked} {r['hook_ms']:8.2f} "
                      f"{'same' if r['logits_equal_upload'] else 'DIFF':>7}")
-    lines.append("spread: max - min of the instances' medians over the pooled median; /skip: pooled medians")
+    lines.append("/skip: mean of the instances' medians over skip's, within the modes they share; spread: max - min "
+                 "of the instances' medians over the pooled median")
+    lines += mode_notes(table)
     lines.append(verdict(table))
     lines.append(f"CUPTI: {record.get('gaps_note', 'n/a')}")
     ho = record.get("host_overhead")
@@ -43,6 +52,25 @@ def render(record: dict[str, Any]) -> str:
                      f"ratio {ho['ratio']:.4f}; while a deferred graph awaits its first launch the PLE table's "
                      f"stager adds {ho['armed_hook_us']:.2f} µs a dispatch (other graphs' replays: nothing)")
     return "\n".join(lines)
+
+
+def markdown(record: dict[str, Any]) -> str:
+    """A report to paste into an upstream thread, in #775's terms: GPU ms per step and the ratio."""
+    env, cfg = record["env"], record["config"]
+    table = rows(record)
+    out = ["### freetoken-graphfix bench: does the capture-time upload cost this GPU?", "",
+           "| | |", "|---|---|",
+           *(f"| {k} | {v} |" for k, v in (("GPU", env["gpu"]), ("driver", env["driver"]), ("torch", env["torch"]),
+                                          ("FreeToken", env["freetoken"]), ("date", env["date"]),
+                                          ("command", f"`{record['command']}`"))),
+           "", f"GPU time of one decode-like graph replay ({cfg['kernels']} kernels over {cfg['streams']} streams"
+           f"{' behind a PLE wait-sync WAIT' if not cfg['no_wait'] else ''}), {cfg['instances']} instances per "
+           f"strategy x {cfg['reps']} interleaved replays; ratios ± two standard errors over instances:", "",
+           "| strategy | bs | ms per step (median) | vs never uploaded (skip) |", "|---|---|---|---|",
+           *(f"| {r['arm']} | {r['bs']} | {r['median'] / 1e3:.4f} | {_ratio(r)} |" for r in table), ""]
+    out += [f"- {note}" for note in mode_notes(table)]
+    out += [f"**{verdict(table)}**", ""]
+    return "\n".join(out)
 
 
 def plot(record: dict[str, Any], path: str) -> str:
