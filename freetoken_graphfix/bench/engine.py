@@ -246,7 +246,9 @@ def add_arguments(group: Any) -> None:
     group.add_argument("--engine", action="store_true", help="run the real-engine comparison")
     group.add_argument("--layers", type=int, nargs="+", default=[48], help="model sizes (default 48)")
     group.add_argument("--tokens", type=positive, default=64, help="greedy tokens per request (default 64)")
-    group.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    group.add_argument("--arms", nargs="+", default=[a for a in ARMS if a not in PATCHED_ARMS], choices=ARMS,
+                       help="arms (default: upstream, pre-697 and every shim mode; add patched, patched-upload, "
+                            "patched-none for the patch series)")
     group.add_argument("--rounds", type=positive, default=1, help="runs of every arm, in rotated order (default 1)")
     group.add_argument("--replays", type=positive, default=200, help="timed replays per engine graph (default 200)")
     group.add_argument("--no-warmup", dest="warmup", action="store_false",

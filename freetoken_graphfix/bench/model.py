@@ -123,8 +123,14 @@ def build_model_dir(folder: str, layers: int, seed: int = 1234) -> dict[str, Any
     tok = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(VOCAB)}, unk_token="<0>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(os.path.join(folder, "tokenizer.json"))
+    # every word an added token: qwen4_exp's config.json makes AutoTokenizer (FreeToken's
+    # utils/hf.py load_tokenizer) build a Qwen3.5 BPE tokenizer, which drops the WordLevel words, so
+    # a text prompt to ft serve would become zero or one token
+    words = {str(i): {"content": f"<{i}>", "lstrip": False, "rstrip": False, "normalized": False,
+                      "single_word": False, "special": False} for i in range(VOCAB)}
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as fh:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": f"<{EOS}>", "model_max_length": 4096}, fh)
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": f"<{EOS}>", "model_max_length": 4096,
+                   "added_tokens_decoder": words}, fh)
 
     sc, model = meta_model(folder)
     mc, a4 = sc.model_config, sc.model_config.qwen4_args

@@ -1,0 +1,377 @@
+"""``bench --serve``: every mode in a real ``ft serve``, driven by the OpenAI client, through a rebuild.
+
+Users run FreeToken's server, not its offline ``LLM``: an API server, tokenizer workers and a
+spawned scheduler that captures the graphs, and runtime recaptures (``POST /v1/cache/rebuild``).
+Per arm, a fresh ``python -m freetoken.cli serve`` (FreeToken's own CLI, what ``ft`` runs) on the
+synthetic qwen4_exp of ``model``, in its own process group, with ``FREETOKEN_PLE_SYNC=wait`` and
+only ``FT_GRAPH_UPLOAD`` set for shim arms (the ``.pth`` brings the shim in, as for a user). Then,
+with the ``openai`` client streaming: a single request (bs 1) twice, a concurrent pair (bs 2)
+twice, a rebuild to another KV size, the same again, ``GET /v1/cache/status``; and a clean stop
+(SIGINT, a bounded wait, then SIGKILL of the group), reporting which was needed and what outlived it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .. import patching
+from .common import ERR, OK, environment
+from .engine import PATCHED_ARMS, SHIM_ARMS, arm_env
+from .model import VOCAB, build_model_dir, check_layers
+
+ARMS = ("upstream", *SHIM_ARMS, *PATCHED_ARMS)
+NEGATIVE = ("skip", "patched-none")  # unprotected: the first decode may deadlock, the server never answers
+PROTECTED = tuple(a for a in ARMS if a not in NEGATIVE)
+SERVE_ARGS = ("--attention-backend", "qsa_sparse", "--moe-strategy", "fused", "--ple-backend", "disk",
+              "--cuda-graph-max-bs", "2", "--max-running-requests", "2", "--num-tokens", "8192",
+              "--cache-type", "radix", "--text-model-only", "--served-model-name", "synthetic")
+REBUILD_PAGES = 96  # from the 128 pages of --num-tokens 8192: a capture pass after serving started
+PASS_LINE = re.compile(r"\[freetoken_graphfix pid=(\d+)\] INFO (capture pass \d+: .*)")
+
+
+def prompts() -> dict[str, str]:
+    """Three 40-word prompts in the synthetic vocabulary (words ``<id>``, each one token)."""
+    import random
+
+    rng = random.Random(5)
+    return {name: " ".join(f"<{rng.randrange(8, VOCAB)}>" for _ in range(40)) for name in ("single", "left", "right")}
+
+
+def token_ids(text: str) -> list[int]:
+    return [int(m) for m in re.findall(r"<(\d+)>", text)]
+
+
+# ---------------------------------------------------------------- one server
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(arm: str, model_dir: str, log_path: str, patched: str | None) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    env = arm_env(arm, patched)
+    env["FREETOKEN_PLE_SYNC"] = "wait"  # the default backend's wait-sync mode: the WAIT is in every decode graph
+    cmd = [sys.executable, "-m", "freetoken.cli", "serve", "--model", model_dir, "--host", "127.0.0.1",
+           "--port", str(port), *SERVE_ARGS]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, port
+
+
+def http(method: str, url: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def wait_ready(proc: subprocess.Popen, port: int, timeout_s: float) -> float:
+    """Seconds until ``/health`` says ``ok``; raises ``RuntimeError`` if the server dies or is late."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited {proc.returncode} before it was ready")
+        try:
+            status, doc = http("GET", f"http://127.0.0.1:{port}/health", timeout=5)
+            if status == 200 and doc.get("status") == "ok":
+                return time.perf_counter() - t0
+            if doc.get("status") == "error":
+                raise RuntimeError(f"/health: {doc.get('message')}")
+        except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"not ready after {timeout_s:.0f} s")
+
+
+def stream(client: Any, prompt: str, tokens: int) -> dict[str, Any]:
+    """One streamed completion: client-side time to first token and inter-token gaps, the ids."""
+    t0 = time.perf_counter()
+    stamps, text = [], []
+    try:
+        for chunk in client.completions.create(model="synthetic", prompt=prompt, max_tokens=tokens, temperature=0,
+                                               stream=True, extra_body={"ignore_eos": True}):
+            piece = chunk.choices[0].text if chunk.choices else ""
+            if piece:
+                stamps.extend([time.perf_counter()] * max(1, len(token_ids(piece))))
+                text.append(piece)
+    except Exception as exc:  # a client timeout is how a deadlocked server shows
+        return {"hung": True, "error": f"{type(exc).__name__}: {exc}", "tokens": token_ids("".join(text))}
+    itl = [1e3 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False) if b > a]
+    return {"hung": False, "ttft_ms": 1e3 * (stamps[0] - t0) if stamps else None, "itl_ms": itl,
+            "tokens": token_ids("".join(text))}
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> dict[str, Any]:
+    """SIGINT to the server's group, a bounded wait, then SIGKILL of the group; and what outlived it."""
+    group, how = proc.pid, "SIGINT"
+    try:
+        os.killpg(group, signal.SIGINT)
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        how = f"SIGKILL (SIGINT not enough within {grace_s:g} s)"
+        os.killpg(group, signal.SIGKILL)
+        proc.wait(30)
+    except ProcessLookupError:
+        how = "already exited"
+    deadline = time.monotonic() + 10
+    while (stragglers := group_members(group)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if stragglers:  # workers still up after the server exited: killed, and reported
+        os.killpg(group, signal.SIGKILL)
+        time.sleep(0.5)
+    return {"stopped_by": how, "exit_code": proc.returncode, "stragglers": stragglers,
+            "outlived": group_members(group)}
+
+
+def group_members(group: int) -> list[int]:
+    """The live processes of process group ``group`` (``/proc``: stat field 5)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, patched: str | None) -> dict[str, Any]:
+    """One server for ``arm``, the request sequence, the stop; every figure of it."""
+    import openai
+
+    log_path = os.path.join(log_dir, f"serve-{arm}.log")
+    proc, port = start(arm, model_dir, log_path, patched)
+    rec: dict[str, Any] = {"arm": arm, "log": log_path, "requests": [], "hung": 0}
+    try:
+        rec["ready_s"] = wait_ready(proc, port, opts.ready_timeout)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                               timeout=opts.request_timeout, max_retries=0)
+        text = prompts()
+        for phase in ("before", "after"):
+            if phase == "after":
+                t0 = time.perf_counter()
+                status, doc = http("POST", f"http://127.0.0.1:{port}/v1/cache/rebuild",
+                                   {"num_pages": REBUILD_PAGES}, timeout=opts.ready_timeout)
+                rec["rebuild"] = {"http": status, "status": doc.get("status"), "s": time.perf_counter() - t0,
+                                  "error": doc.get("error")}
+                if status != 200:
+                    break
+            for round_ in ("first", "steady"):
+                single = stream(client, text["single"], opts.tokens)
+                rec["requests"].append({"phase": phase, "round": round_, "bs": 1, "name": "single", **single})
+                if single["hung"]:
+                    raise TimeoutError("a request hung")
+                with ThreadPoolExecutor(2) as pool:
+                    pair = list(pool.map(lambda p: stream(client, text[p], opts.tokens), ("left", "right")))
+                for name, r in zip(("left", "right"), pair, strict=True):
+                    rec["requests"].append({"phase": phase, "round": round_, "bs": 2, "name": name, **r})
+                if any(r["hung"] for r in pair):
+                    raise TimeoutError("a request hung")
+        status, doc = http("GET", f"http://127.0.0.1:{port}/v1/cache/status")
+        rec["cache_status"] = {"http": status, "num_pages": doc.get("geometry", {}).get("num_pages")}
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        rec["hung"] = sum(r["hung"] for r in rec["requests"])
+        rec.update(stop(proc))
+        rec["passes"] = capture_passes(log_path)
+    return rec
+
+
+def capture_passes(log_path: str) -> list[tuple[int, str]]:
+    """The shim's ``capture pass`` lines from the server's log, with the pid that printed them."""
+    with open(log_path, errors="replace") as fh:
+        return [(int(m.group(1)), m.group(2)) for m in map(PASS_LINE.search, fh) if m]
+
+
+# ---------------------------------------------------------------- the comparison
+
+def problems(rec: dict[str, Any], reference: dict[str, Any] | None) -> list[str]:
+    """What fails this arm: a protected arm that hung, lost a request, changed a single request's
+    tokens (deterministic: nothing to batch with), or left a process; a negative control that
+    never hung (it could not fail, so it proves nothing); a shim arm without its capture passes."""
+    arm, out = rec["arm"], []
+    if rec["outlived"] or rec.get("stragglers"):
+        out.append(f"processes outlived the arm: {rec['outlived'] or rec['stragglers']}"
+                   + ("" if rec["outlived"] else " (killed once the server had exited)"))
+    if arm in NEGATIVE:
+        if not rec["hung"]:
+            out.append("the negative control never hung at this size: it could not have failed")
+        return out
+    if "error" in rec:
+        out.append(rec["error"])
+    expected = 12
+    answered = [r for r in rec["requests"] if not r["hung"] and len(r["tokens"]) > 0]
+    if len(answered) < expected:
+        out.append(f"{len(answered)} of {expected} requests answered")
+    if rec.get("rebuild", {}).get("status") != "ok":
+        out.append(f"rebuild: {rec.get('rebuild')}")
+    singles = {r["tokens"] == _single(rec) for r in rec["requests"] if r["name"] == "single"}
+    if singles != {True}:
+        out.append("the single request's tokens changed between its runs")
+    if reference is not None and arm != reference["arm"] and _single(rec) != _single(reference):
+        out.append("the single request's tokens differ from upstream's")
+    if arm in SHIM_ARMS:
+        pids = {pid for pid, line in rec["passes"]}
+        if not any(sum(p == pid for p, _ in rec["passes"]) >= 2 for pid in pids):
+            out.append(f"expected capture passes 0 and 1 from the scheduler process, got {rec['passes']}")
+    return out
+
+
+def _single(rec: dict[str, Any]) -> list[int] | None:
+    return next((r["tokens"] for r in rec["requests"] if r["name"] == "single"), None)
+
+
+def pair_stable(rec: dict[str, Any]) -> bool | None:
+    """Whether the concurrent pair produced the same tokens in all four of its runs (before and after
+    the rebuild). Not a failure: how two concurrent requests are batched depends on arrival."""
+    runs = [tuple(tuple(r["tokens"]) for r in rec["requests"] if r["bs"] == 2 and r["phase"] == p and
+                  r["round"] == q) for p in ("before", "after") for q in ("first", "steady")]
+    runs = [r for r in runs if len(r) == 2]
+    return None if len(runs) < 2 else len(set(runs)) == 1
+
+
+def latency(rec: dict[str, Any], phase: str, round_: str, bs: int) -> dict[str, float]:
+    reqs = [r for r in rec["requests"] if (r["phase"], r["round"], r["bs"]) == (phase, round_, bs) and not r["hung"]]
+    ttft = [r["ttft_ms"] for r in reqs if r.get("ttft_ms") is not None]
+    itl = [x for r in reqs for x in r["itl_ms"]]
+    if not ttft:
+        return {}
+    q = statistics.quantiles(itl, n=10) if len(itl) > 1 else [itl[0] if itl else float("nan")] * 9
+    return {"ttft_ms": max(ttft), "itl_median_ms": statistics.median(itl) if itl else float("nan"), "itl_p90_ms": q[8]}
+
+
+def render(record: dict[str, Any]) -> str:
+    env, runs = record["env"], record["runs"]
+    lines = [f"{env['gpu']} | driver {env['driver']} | torch {env['torch']} | {env['date']}",
+             f"ft serve, synthetic qwen4_exp, {record['layers']} layers, disk PLE wait-sync, graphs bs 1 and 2; "
+             f"per arm: single x2, concurrent pair x2, rebuild to {REBUILD_PAGES} pages, the same again; "
+             f"{record['tokens']} tokens a request; client-side ms (TTFT: the slower of the batch)",
+             f"{'arm':14} {'ready s':>7} {'hung':>4} {'rebuild':>8} {'bs1 1st TTFT':>12} {'bs1 TTFT':>8} "
+             f"{'bs1 ITL med/p90':>15} {'bs2 1st TTFT':>12} {'bs2 ITL med/p90':>15} {'after: bs1 1st':>14} "
+             f"{'pair same':>9} {'stop':>8} {'passes':>6}"]
+
+    def ms(d: dict[str, float], key: str) -> str:
+        return f"{d[key]:.1f}" if d else "-"
+
+    for arm, rec in runs.items():
+        b1f, b1s, b2f = latency(rec, "before", "first", 1), latency(rec, "before", "steady", 1), latency(
+            rec, "before", "first", 2)
+        b2s, a1f = latency(rec, "before", "steady", 2), latency(rec, "after", "first", 1)
+        stable = pair_stable(rec)
+        lines.append(
+            f"{arm:14} {rec.get('ready_s', float('nan')):7.1f} {rec['hung']:>4} "
+            f"{(rec.get('rebuild') or {}).get('status') or '-':>8} {ms(b1f, 'ttft_ms'):>12} {ms(b1s, 'ttft_ms'):>8} "
+            f"{(ms(b1s, 'itl_median_ms') + '/' + ms(b1s, 'itl_p90_ms')):>15} {ms(b2f, 'ttft_ms'):>12} "
+            f"{(ms(b2s, 'itl_median_ms') + '/' + ms(b2s, 'itl_p90_ms')):>15} {ms(a1f, 'ttft_ms'):>14} "
+            f"{'-' if stable is None else 'yes' if stable else 'no':>9} {rec['stopped_by'].split()[0]:>8} "
+            f"{len(rec['passes']):>6}")
+        lines += [f"{'':15}! {p}" for p in record["problems"][arm]]
+    lines.append("tokens: single requests compared across arms (nothing to batch with, so deterministic); the pair "
+                 "against itself before and after the rebuild ('pair same', informational: batching follows arrival)")
+    bad = {arm: p for arm, p in record["problems"].items() if p}
+    lines.append("safety: " + ("every protected arm answered every request before and after the rebuild, upstream's "
+                               "tokens, nothing left running; every negative control hung" if not bad else
+                               "FAILED: " + "; ".join(f"{a}: {', '.join(p)}" for a, p in bad.items())))
+    return "\n".join(lines)
+
+
+def serve_record(layers: int, opts: argparse.Namespace, log_dir: str) -> dict[str, Any]:
+    """Build the model, then run the arms: the first one alone (it compiles FreeToken's kernels into
+    their caches; so does the first patched arm, another path), the rest ``opts.jobs`` at a time."""
+    model_dir = tempfile.mkdtemp(prefix=f"graphfix-serve-{layers}L-", dir=log_dir)
+    patched = (str(patching.patched_copy(Path(log_dir) / "patched-freetoken"))
+               if any(arm in PATCHED_ARMS for arm in opts.arms) else None)
+    runs: dict[str, dict[str, Any]] = {}
+    lock = threading.Lock()
+
+    def one(arm: str) -> None:
+        rec = run_arm(arm, model_dir, opts, log_dir, patched)
+        with lock:
+            runs[arm] = rec
+            print(f"serve {layers}L {arm}: ready {rec.get('ready_s', float('nan')):.1f} s, hung {rec['hung']}, "
+                  f"rebuild {(rec.get('rebuild') or {}).get('status')}, stop {rec['stopped_by']}"
+                  + (f", {rec['error']}" if "error" in rec else ""), file=sys.stderr, flush=True)
+
+    try:
+        build_model_dir(model_dir, layers)
+        firsts = [a for a in (opts.arms[0], next((a for a in opts.arms if a in PATCHED_ARMS), None)) if a]
+        for arm in dict.fromkeys(firsts):
+            one(arm)
+        with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
+            list(pool.map(one, [a for a in opts.arms if a not in runs]))
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+    runs = {arm: runs[arm] for arm in opts.arms}
+    reference = runs.get("upstream")
+    env = environment()
+    return {"layers": layers, "tokens": opts.tokens, "jobs": opts.jobs, "env": env, "runs": runs,
+            "problems": {arm: problems(rec, reference) for arm, rec in runs.items()}}
+
+
+def add_arguments(group: Any) -> None:
+    """``bench``'s ``--serve`` options (``--layers``, ``--tokens``, ``--logs`` and ``--jobs`` are shared)."""
+    group.add_argument("--serve", action="store_true", help="run the real-server comparison")
+    group.add_argument("--serve-arms", nargs="+", default=[a for a in ARMS if a not in PATCHED_ARMS], choices=ARMS,
+                       help="arms (default: upstream and every shim mode; add patched, patched-upload, "
+                            "patched-none for the patch series)")
+    group.add_argument("--ready-timeout", type=float, default=300.0, help="seconds for a server to be ready")
+    group.add_argument("--request-timeout", type=float, default=45.0,
+                       help="seconds before a request counts as hung (default 45)")
+
+
+def main(opts: argparse.Namespace) -> int:
+    """Run the comparison for each ``--layers`` size; exit 1 when a protected arm fails."""
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        print("bench --serve: needs the openai client: pip install 'freetoken-graphfix[serve]'", file=sys.stderr)
+        return ERR
+    for name in ("ready_timeout", "request_timeout"):
+        if getattr(opts, name) <= 0:
+            print(f"bench --serve: --{name.replace('_', '-')} {getattr(opts, name)!r}: accepted values are "
+                  "seconds above 0", file=sys.stderr)
+            return ERR
+    try:
+        for layers in opts.layers:
+            check_layers(layers)
+    except ValueError as exc:
+        print(f"bench --serve: --layers: {exc}", file=sys.stderr)
+        return ERR
+    opts.arms = opts.serve_arms
+    log_dir = opts.logs or tempfile.mkdtemp(prefix="graphfix-serve-")
+    os.makedirs(log_dir, exist_ok=True)
+    records = [serve_record(layers, opts, log_dir) for layers in opts.layers]
+    if opts.json:
+        with open(opts.json, "w") as fh:
+            json.dump(records, fh, indent=1)
+    for record in records:
+        print(render(record) + "\n")
+    print(f"server logs: {log_dir}")
+    return ERR if any(p for r in records for p in r["problems"].values()) else OK
+

@@ -1,0 +1,148 @@
+"""``bench --serve`` on CPU: the synthetic model's tokenizer through FreeToken's own loader, option
+errors, stopping a server's process group, and the verdicts drawn from serve results. The servers
+themselves run on the GPU (tests/test_engine_gpu.py)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from freetoken_graphfix.bench import model, serve
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve-model")
+    model.build_model_dir(str(folder), layers=8)
+    return str(folder)
+
+
+def test_text_prompts_round_trip_through_freetokens_tokenizer(model_dir):
+    """FreeToken's load_tokenizer builds a Qwen3.5 BPE tokenizer from qwen4_exp's config: without
+    every word declared an added token, a 40-word prompt became 0 or 1 token."""
+    from freetoken.utils.hf import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    for text in serve.prompts().values():
+        ids = tok.encode(text, add_special_tokens=False)
+        assert ids == serve.token_ids(text) and len(ids) == 40
+        assert serve.token_ids(tok.decode(ids)) == ids
+
+
+def opts(**over):
+    base = dict(layers=[320], tokens=8, serve_arms=["upstream"], ready_timeout=10.0, request_timeout=5.0,
+                logs=None, json=None, jobs=1)
+    base.update(over)
+    return argparse.Namespace(**base)
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"layers": [2]}, "bench --serve: --layers: layers=2: need at least 4 (a QSA layer is every 4th, the PLE "
+                      "layer is 1)"),
+    ({"request_timeout": 0.0}, "bench --serve: --request-timeout 0.0: accepted values are seconds above 0"),
+    ({"ready_timeout": -1.0}, "bench --serve: --ready-timeout -1.0: accepted values are seconds above 0"),
+])
+def test_bad_options_are_named(capsys, over, message):
+    assert serve.main(opts(**over)) == 1
+    assert capsys.readouterr().err.strip() == message
+
+
+def test_bad_arm_is_refused_by_the_parser():
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--serve", "--serve-arms", "fast"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "invalid choice: 'fast'" in out.stderr
+
+
+SERVER = textwrap.dedent("""
+    import os, signal, sys, time
+    if sys.argv[1] == "stubborn":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a scheduler stuck in a graph launch
+    if os.fork() == 0:  # a worker in the server's group
+        if sys.argv[1] == "stubborn":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        time.sleep(60)
+        os._exit(0)
+    print("up", flush=True)
+    time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("kind, stopped_by", [("polite", "SIGINT"), ("stubborn", "SIGKILL")])
+def test_stop_ends_the_whole_group(tmp_path, kind, stopped_by):
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    proc = subprocess.Popen([sys.executable, str(script), kind], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout.readline().strip() == "up"
+    time.sleep(0.2)
+    assert len(serve.group_members(proc.pid)) == 2
+    result = serve.stop(proc, grace_s=1.0)
+    assert result["stopped_by"].startswith(stopped_by) and result["outlived"] == result["stragglers"] == []
+    assert serve.group_members(proc.pid) == []
+
+
+def test_capture_passes_are_read_from_the_server_log(tmp_path):
+    log = tmp_path / "serve.log"
+    log.write_text("[freetoken_graphfix pid=11] INFO patched (mode auto): freetoken 0.2.1\n"
+                   "[freetoken_graphfix pid=12] INFO capture pass 0: 2 graphs: 2 deferred (PLE wait-sync)\n"
+                   "noise\n[freetoken_graphfix pid=12] INFO capture pass 1: 2 graphs: 2 deferred (PLE wait-sync)\n")
+    assert serve.capture_passes(str(log)) == [(12, "capture pass 0: 2 graphs: 2 deferred (PLE wait-sync)"),
+                                              (12, "capture pass 1: 2 graphs: 2 deferred (PLE wait-sync)")]
+
+
+def req(phase, round_, bs, name, tokens, hung=False):
+    return {"phase": phase, "round": round_, "bs": bs, "name": name, "hung": hung, "tokens": tokens,
+            "ttft_ms": 20.0, "itl_ms": [10.0, 12.0, 11.0]}
+
+
+def arm(name, single=(1, 2, 3), hung=False, passes=2, outlived=()):
+    requests = []
+    for phase in ("before", "after"):
+        for round_ in ("first", "steady"):
+            requests += [req(phase, round_, 1, "single", list(single)), req(phase, round_, 2, "left", [4, 5]),
+                         req(phase, round_, 2, "right", [6, 7])]
+    if hung:
+        requests = [req("before", "first", 1, "single", [], hung=True)]
+    rec = {"arm": name, "requests": requests, "hung": int(hung), "ready_s": 30.0, "stopped_by": "SIGINT",
+           "outlived": list(outlived), "passes": [(12, f"capture pass {i}: ...") for i in range(passes)]}
+    if not hung:
+        rec["rebuild"] = {"status": "ok"}
+    return rec
+
+
+def record(*arms):
+    runs = {a["arm"]: a for a in arms}
+    return {"layers": 320, "tokens": 8, "jobs": 1, "runs": runs,
+            "env": {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"},
+            "problems": {n: serve.problems(a, runs.get("upstream")) for n, a in runs.items()}}
+
+
+def test_verdicts():
+    good = record(arm("upstream"), arm("auto"), arm("skip", hung=True))
+    assert all(p == [] for p in good["problems"].values())
+    text = serve.render(good)
+    assert "safety: every protected arm answered every request" in text and "pair same" in text
+    bad = record(arm("upstream"), arm("auto", single=(9, 9)), arm("warm", passes=1), arm("skip"),
+                 arm("deferred", outlived=[4242]))
+    assert bad["problems"]["auto"] == ["the single request's tokens differ from upstream's"]
+    assert "expected capture passes 0 and 1 from the scheduler process" in bad["problems"]["warm"][0]
+    assert bad["problems"]["skip"] == ["the negative control never hung at this size: it could not have failed"]
+    assert bad["problems"]["deferred"] == ["processes outlived the arm: [4242]"]
+    straggler = arm("auto")
+    straggler["stragglers"] = [77]
+    assert serve.problems(straggler, None)[0] == "processes outlived the arm: [77] (killed once the server had exited)"
+    hung = record(arm("upstream"), arm("auto", hung=True))
+    assert "0 of 12 requests answered" in hung["problems"]["auto"]
+    assert "FAILED" in serve.render(bad)
+
+
+def test_pair_is_compared_with_itself():
+    rec = arm("auto")
+    assert serve.pair_stable(rec) is True
+    rec["requests"][-1]["tokens"] = [0]
+    assert serve.pair_stable(rec) is False
