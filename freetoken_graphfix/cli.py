@@ -173,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m freetoken_graphfix", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     doctor = sub.add_parser("doctor", help="what is installed and what the shim would do (run this first)")
-    doctor.add_argument("--no-bench", action="store_true", help="skip the short GPU benchmark")
+    doctor.add_argument("--no-bench", action="store_true", help="skip the short GPU check (three first-launch probes)")
     run = sub.add_parser("run", help="run a command with the shim enabled: run -- ft serve ...")
     run.add_argument("--mode", help=f"mode for the command (default: {config.ENV_MODE} or auto)")
     run.add_argument("command", nargs=argparse.REMAINDER)

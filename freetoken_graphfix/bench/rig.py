@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ..device import read_flag
+
 PREFIX = "model.layers.1.ple.ple_embedding.ngram_embedding."
 SHARDS, ROWS, DIM, HEADS, VOCAB, EOS, SCALE = 4, 400, 160, 16, 248320, 7, 0.0137
 LOGITS = 64  # the width of the synthetic logits
@@ -109,11 +111,13 @@ class Rig:
     """One device, one engine stream, one PLE table (or none), one model; runners captured on demand."""
 
     def __init__(self, *, kernels: int = 1090, streams: int = 4, wait: bool = True, h2d: bool = False,
-                 folder: str | None = None) -> None:
+                 folder: str | None = None, sync: str = "wait") -> None:
         from freetoken import core
         from freetoken.distributed import info
 
-        os.environ["FREETOKEN_PLE_SYNC"] = "wait"  # read by DiskRowTable.__init__ (probe_wait_sync)
+        # read by DiskRowTable.__init__; "gate" (no WAIT, the fill before the launch) is FreeToken's
+        # own escape hatch, the reference the protected modes must match
+        os.environ["FREETOKEN_PLE_SYNC"] = sync
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(self.device)
         torch.cuda.set_stream(self.stream)  # like Engine.__init__ (engine.py 418-419)
@@ -130,7 +134,8 @@ class Rig:
             write_ple_checkpoint(self._tmp.name)
             self.table = DiskRowTable(source_from_safetensors(self._tmp.name), hash_constants(),
                                       max_graph_rows=256, max_extend_tokens=256)
-            assert self.table._wait_sync and self.table._worker is None, "expected CUDA wait-sync"
+            assert self.table._wait_sync == (sync == "wait"), f"expected FREETOKEN_PLE_SYNC={sync}"
+            assert getattr(self.table, "_worker", None) is None, "expected CUDA (no ple-fill worker)"
         self.model = DecodeModel(self.device, self.table, kernels, streams, h2d)
         self.model.ctx = self.ctx
         self._gen = torch.Generator().manual_seed(7)
@@ -180,6 +185,8 @@ class Rig:
             # the watchdog and the fill both released one WAIT: drop the surplus, or every later
             # step's WAIT would pass before its fill (stale rows)
             self.table._flag.zero_()
+        if self.table is not None and self.table._flag is not None:
+            assert read_flag(self.table._flag) == 0, "a step left the PLE flag released"
         return StepResult(launch_ms, fired.is_set(), logits.clone())
 
 
