@@ -3,9 +3,10 @@
 The series is written against FreeToken's repository layout (``python/freetoken/...`` and
 ``tests/...``) for one release (``series`` names it); an installed package is the same tree one
 level down (``freetoken/...``) and gets the package files only. Every operation runs the whole
-series on scratch copies first (``git apply``), then stages every result beside its target and only
-then replaces the targets: all or nothing, and a replace that fails puts back what it replaced. A
-tree is "applied" when the series reverses cleanly on it.
+series on copies of the files in memory first (exact hunks, any offset, no fuzz: what ``git apply``
+does, without needing git), then stages every result beside its target and only then replaces the
+targets: all or nothing, and a replace that fails puts back what it replaced. A tree is "applied"
+when the series reverses cleanly on it.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import importlib.util
 import os
 import re
 import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ PACKAGE = "python/freetoken/"  # the package inside FreeToken's repository
 @dataclass(frozen=True)
 class Target:
     root: Path  # the directory the patched paths resolve in
-    strip: int  # git apply -p: 1 for a checkout (python/freetoken/...), 2 for an install (freetoken/...)
+    strip: int  # patch -p: 1 for a checkout (python/freetoken/...), 2 for an install (freetoken/...)
     label: str
     package_only: bool = False  # an install has no tests/ to patch: the package's files only
 
@@ -103,78 +102,136 @@ def check_release(target: Target) -> None:
                          "FT_GRAPH_UPLOAD=auto (see python -m freetoken_graphfix doctor)")
 
 
+@dataclass(frozen=True)
+class Hunk:
+    header: str  # "@@ -222,7 +222,8 @@ ...": how errors name it
+    old_start: int
+    old: list[str]  # the lines it expects (context and removed), with their line ends
+    new_start: int
+    new: list[str]  # the lines it leaves (context and added)
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    rel: str  # path under the target's root
+    new: bool  # created by the patch (--- /dev/null)
+    hunks: list[Hunk]
+
+
+def _diffs(patch: Path, target: Target) -> list[FileDiff]:
+    """The patch's per-file diffs that concern ``target``, paths stripped as ``patch -p`` would."""
+    out: list[FileDiff] = []
+    old_path = path = None
+    hunks: list[Hunk] = []
+    lines = patch.read_text().splitlines(keepends=True)
+    i = 0
+
+    def close() -> None:
+        if path is not None and not (target.package_only and not path.startswith(PACKAGE)):
+            out.append(FileDiff("/".join(path.split("/")[target.strip - 1:]), old_path == "/dev/null", list(hunks)))
+
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("diff --git "):
+            close()
+            old_path, path, hunks = None, None, []
+        elif line.startswith("--- ") and path is None:
+            old_path = line[4:].strip()
+        elif line.startswith("+++ ") and path is None:
+            path = line[4:].strip().removeprefix("b/")
+        elif line.startswith("@@ ") and path is not None:
+            m = re.match(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", line)
+            old_n, new_n = int(m.group(2) or 1), int(m.group(4) or 1)
+            old: list[str] = []
+            new: list[str] = []
+            sign = " "
+            i += 1
+            while i < len(lines) and (len(old) < old_n or len(new) < new_n or lines[i].startswith("\\")):
+                body = lines[i]
+                if body.startswith("\\"):  # "\ No newline at end of file": the line before has none
+                    for side, signs in ((old, " -"), (new, " +")):
+                        if sign in signs:
+                            side[-1] = side[-1].rstrip("\n")
+                else:
+                    sign, text = body[0], body[1:]
+                    if sign in " -":
+                        old.append(text)
+                    if sign in " +":
+                        new.append(text)
+                i += 1
+            hunks.append(Hunk(line.rstrip("\n"), int(m.group(1)), old, int(m.group(3)), new))
+            continue
+        i += 1
+    close()
+    return out
+
+
 def _files(target: Target) -> list[File]:
     out: dict[str, File] = {}
     for patch in series():
-        old = None
-        for line in patch.read_text().splitlines():
-            if line.startswith("--- "):
-                old = line[4:]
-            elif line.startswith("+++ ") and not line.endswith("/dev/null"):
-                path = line[6:] if line.startswith("+++ b/") else line[4:]
-                if target.package_only and not path.startswith(PACKAGE):
-                    continue
-                rel = "/".join(path.split("/")[target.strip - 1:])
-                out.setdefault(rel, File(rel, old == "/dev/null"))
+        for diff in _diffs(patch, target):
+            out.setdefault(diff.rel, File(diff.rel, diff.new))
     return list(out.values())
 
 
-def _git_apply(workdir: Path, patch: Path, target: Target, reverse: bool, only: str | None = None) -> str | None:
-    """Apply one patch in ``workdir``; the error text when it does not fit."""
-    if shutil.which("git") is None:
-        raise PatchError("git is needed to apply the series (git apply); install git")
-    include = only or ("freetoken/*" if target.package_only else None)
-    cmd = ["git", "apply", f"-p{target.strip}", *(["-R"] if reverse else []),
-           *([f"--include={include}"] if include else []), str(patch)]
-    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(workdir.parent)}  # never a repo above the scratch dir
-    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
-    if proc.returncode == 0:
-        return None
-    errors = [line.removeprefix("error: ") for line in proc.stderr.splitlines() if line.startswith("error:")]
-    return "; ".join(errors) or proc.stderr.strip()
+class _Misfit(Exception):
+    """A hunk whose lines are not in the file (in the direction tried)."""
 
 
-def _scratch(target: Target, files: list[File], reverse: bool, tmp: Path) -> Path | str:
-    """A scratch tree holding the target's copies of ``files``; or why it cannot be made."""
-    scratch = tmp / "tree"
-    for f in files:
-        src = target.root / f.rel
-        if src.is_file():
-            (scratch / f.rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, scratch / f.rel)
-        elif not f.new or reverse:
-            return f"{f.rel}: missing from the {target.label}"
-    scratch.mkdir(parents=True, exist_ok=True)
-    return scratch
+def _patch_file(text: list[str] | None, diff: FileDiff, reverse: bool) -> list[str] | None:
+    """``text`` (lines; ``None``: no such file) with ``diff`` applied, or reverted; exact lines,
+    any offset. ``None`` when reverting leaves nothing of a file the patch created."""
+    if diff.new and (text is not None) != reverse:
+        raise _Misfit(f"{diff.rel} {'already exists' if not reverse else 'is missing'}")
+    out, drift = list(text or []), 0
+    for h in diff.hunks:
+        want, put, start = (h.new, h.old, h.new_start) if reverse else (h.old, h.new, h.old_start)
+        guess = max(0, start - 1 + drift) if want else max(0, start + drift)
+        spots = [k for k in range(len(out) - len(want) + 1) if out[k:k + len(want)] == want]
+        if not spots:
+            raise _Misfit(f"hunk {h.header} does not fit {diff.rel}")
+        at = min(spots, key=lambda k: abs(k - guess))
+        out[at:at + len(want)] = put
+        drift += at - guess + len(put) - len(want)
+    return None if diff.new and reverse and not out else out
+
+
+def _apply_series(contents: dict[str, list[str] | None], target: Target, reverse: bool,
+                  only: str | None = None) -> str | None:
+    """Apply the series (or its reverse) to ``contents`` in place; the error when it does not fit."""
+    for patch in (reversed(series()) if reverse else series()):
+        for diff in _diffs(patch, target):
+            if only is not None and diff.rel != only:
+                continue
+            try:
+                contents[diff.rel] = _patch_file(contents.get(diff.rel), diff, reverse)
+            except _Misfit as exc:
+                return f"{patch.name}: {exc}"
+    return None
+
+
+def _read(target: Target, rel: str) -> list[str] | None:
+    path = target.root / rel
+    return path.read_bytes().decode("utf-8").splitlines(keepends=True) if path.is_file() else None
 
 
 def _run(target: Target, reverse: bool) -> tuple[dict[str, bytes | None] | None, str]:
-    """The series (or its reverse) on scratch copies: new contents per file (``None``: delete), or
-    why it does not fit."""
-    patches, files = series(), _files(target)
-    with tempfile.TemporaryDirectory(prefix="graphfix-patch-") as tmp:
-        scratch = _scratch(target, files, reverse, Path(tmp))
-        if isinstance(scratch, str):
-            return None, scratch
-        for patch in (reversed(patches) if reverse else patches):
-            error = _git_apply(scratch, patch, target, reverse)
-            if error:
-                return None, f"{patch.name}: {error}"
-        return {f.rel: (scratch / f.rel).read_bytes() if (scratch / f.rel).is_file() else None for f in files}, ""
+    """The series (or its reverse) on copies of the files in memory: new contents per file
+    (``None``: delete), or why it does not fit."""
+    files = _files(target)
+    contents = {f.rel: _read(target, f.rel) for f in files}
+    missing = [f.rel for f in files if contents[f.rel] is None and not (f.new and not reverse)]
+    if missing:
+        return None, f"{missing[0]}: missing from the {target.label}"
+    error = _apply_series(contents, target, reverse)
+    if error:
+        return None, error
+    return {rel: None if lines is None else "".join(lines).encode("utf-8") for rel, lines in contents.items()}, ""
 
 
 def _fits(target: Target, f: File, reverse: bool) -> str | None:
     """Whether the series' hunks for one file fit it in one direction; the error when not."""
-    with tempfile.TemporaryDirectory(prefix="graphfix-patch-") as tmp:
-        scratch = _scratch(target, [f], reverse, Path(tmp))
-        if isinstance(scratch, str):
-            return scratch
-        only = "/".join(f.rel.split("/"))
-        for patch in (reversed(series()) if reverse else series()):
-            error = _git_apply(scratch, patch, target, reverse, only=only)
-            if error:
-                return f"{patch.name}: {error}"
-    return None
+    return _apply_series({f.rel: _read(target, f.rel)}, target, reverse, only=f.rel)
 
 
 def _diagnose(target: Target) -> str:

@@ -307,3 +307,20 @@ def test_patched_copy_leaves_the_install_alone(tmp_path, freetoken_tree, monkeyp
     assert digest(tree) == installed
     assert patching.state(patching.Target(dest, 2, "copy", package_only=True)) == "applied"
     assert patching.patched_copy(tmp_path / "patched") == dest  # reused, not patched twice
+
+
+def test_hunks_apply_at_any_offset_and_without_a_final_newline(tmp_path):
+    """The tool applies hunks itself (no git needed): exact lines, found where they moved to, and a
+    last line without its newline kept so."""
+    patch = tmp_path / "p.patch"
+    patch.write_text("diff --git a/python/freetoken/x.py b/python/freetoken/x.py\n"
+                     "--- a/python/freetoken/x.py\n+++ b/python/freetoken/x.py\n"
+                     "@@ -1,2 +1,2 @@\n a\n-b\n\\ No newline at end of file\n+c\n\\ No newline at end of file\n")
+    target = patching.Target(tmp_path, 1, "test")
+    (diff,) = patching._diffs(patch, target)
+    assert diff.rel == "python/freetoken/x.py" and not diff.new
+    moved = ["header\n", "a\n", "b"]  # two lines above where the hunk says, and no final newline
+    assert patching._patch_file(moved, diff, reverse=False) == ["header\n", "a\n", "c"]
+    assert patching._patch_file(["header\n", "a\n", "c"], diff, reverse=True) == moved
+    with pytest.raises(patching._Misfit, match=r"hunk @@ -1,2 \+1,2 @@ does not fit python/freetoken/x.py"):
+        patching._patch_file(["a\n", "b\n"], diff, reverse=False)  # b with a newline is another line
