@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -117,7 +118,7 @@ def _deferred_details(runner: type, ple: ModuleType | None) -> list[tuple[str, b
 def check(graph: ModuleType) -> Compat:
     """Inspect ``freetoken.engine.graph`` and the modules it works with (imported here if present)."""
     version = freetoken_version()
-    path = str(getattr(sys.modules.get("freetoken"), "__file__", None) or graph.__file__)
+    path = os.path.dirname(str(getattr(sys.modules.get("freetoken"), "__file__", None) or graph.__file__))
     tested = is_tested(version)
 
     def verdict(patchable: bool, reason: str, level: int, **kw: object) -> Compat:

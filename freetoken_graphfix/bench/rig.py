@@ -64,7 +64,8 @@ class DecodeModel:
         self.sides = [torch.cuda.Stream(device) for _ in range(streams - 1)]
         self.per_layer = 4  # kernels per stream per layer
         self.layers = max(1, kernels // (streams * self.per_layer))
-        self.x = [torch.randn(1024, device=device) for _ in range(streams)]
+        g = torch.Generator().manual_seed(11)  # seeded: rigs built apart (another mode, process) compare
+        self.x = [torch.randn(1024, generator=g).to(device) for _ in range(streams)]
         self.y = [torch.empty(1024, device=device) for _ in range(streams)]
         self.h2d_src = torch.randn(64 * 1024, pin_memory=True) if h2d else None
         self.h2d_dst = torch.empty(64 * 1024, device=device) if h2d else None

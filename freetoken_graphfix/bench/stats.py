@@ -160,7 +160,9 @@ def verdict(table: list[dict[str, Any]]) -> str:
     parts = ", ".join(f"bs {r['bs']} {100 * (r['ratio_skip'] - 1):+.2f}% ± {200 * r['ratio_se']:.2f}%" for r in ups)
     costly = [r for r in ups if r["ratio_skip"] - 1 > 2 * r["ratio_se"]]
     wide = [r for r in ups if 2 * r["ratio_se"] > 0.005]
-    tail = ("the upload COSTS this GPU replay time; auto avoids it where no graph needs protection" if costly else
+    worst = max(costly, key=lambda r: r["ratio_skip"]) if costly else None
+    tail = (f"the upload COSTS this GPU replay time, up to {100 * (worst['ratio_skip'] - 1):+.2f}% (bs {worst['bs']}); "
+            "auto avoids it where no graph needs protection" if worst else
             "no cost this run can resolve (its band is wider than 0.5%: run with more --instances)" if wide else
             "no measurable cost on this GPU")
     return f"verdict: upload vs never uploaded (skip) replay: {parts} (± 2 standard errors over instances): {tail}"
