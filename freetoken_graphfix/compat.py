@@ -15,7 +15,8 @@ on is found, private details of the deferred path included, and says so in a WAR
 
 from __future__ import annotations
 
-import importlib.util
+import ast
+import importlib
 import inspect
 import logging
 import os
@@ -77,11 +78,30 @@ def is_tested(version: str) -> bool:
         return False
 
 
-def _module_exists(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:  # a parent package is missing (0.1.2 has no qwen4_exp)
-        return False
+def _ple_methods() -> dict[str, str] | None:
+    """The source of ``DiskRowTable``'s methods, ``None`` without a disk PLE table (0.1.1, 0.1.2).
+
+    From the live class once ``ple_disk`` is imported; else parsed from its file. Never imported
+    here: this runs inside FreeToken's import of ``engine.graph``, and importing the qwen4_exp
+    package from there (``find_spec`` does, for a submodule) pulls model and kernel modules in
+    before the engine has its device: on the H200 that left every ``ft serve`` scheduler with an
+    asynchronous "CUDA error: invalid argument"."""
+    names = ("forward_host_ctx", "host_fill_batch", "lookup")
+    live = sys.modules.get(PLE_MODULE)
+    if live is not None and hasattr(live, "DiskRowTable"):
+        return {n: _source(inspect.getattr_static(live.DiskRowTable, n, None)) for n in names}
+    package = getattr(sys.modules.get("freetoken"), "__file__", None)
+    path = os.path.join(os.path.dirname(package), *PLE_MODULE.split(".")[1:]) + ".py" if package else ""
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef) and node.name == "DiskRowTable":
+            methods = {f.name: ast.get_source_segment(text, f) or "" for f in node.body
+                       if isinstance(f, ast.FunctionDef)}
+            return {n: methods.get(n, "") for n in names}
+    return None
 
 
 def _params(fn: object) -> list[str] | None:
@@ -98,13 +118,10 @@ def _source(fn: object) -> str:
         return ""
 
 
-def _deferred_details(runner: type, ple: ModuleType | None) -> list[tuple[str, bool]]:
+def _deferred_details(runner: type, table: dict[str, str]) -> list[tuple[str, bool]]:
     """The private details the deferred guard relies on, each with whether it was found."""
-    table = getattr(ple, "DiskRowTable", None) if ple is not None else None
     replay = _source(inspect.getattr_static(runner, "replay", None))
-    host_ctx = _source(inspect.getattr_static(table, "forward_host_ctx", None)) if table else ""
-    host_fill = _source(inspect.getattr_static(table, "host_fill_batch", None)) if table else ""
-    lookup = _source(inspect.getattr_static(table, "lookup", None)) if table else ""
+    host_ctx, host_fill, lookup = table["forward_host_ctx"], table["host_fill_batch"], table["lookup"]
     return [
         ("GraphRunner.replay launches graph_map[batch.padded_size].replay()",
          "self.graph_map[batch.padded_size]" in replay and ".replay()" in replay),
@@ -128,7 +145,8 @@ def check(graph: ModuleType) -> Compat:
     if callable(getattr(graph, "_graph_protect_mode", None)):
         return verdict(False, f"freetoken {version} carries the first-launch patch series "
                        "(FREETOKEN_GRAPH_PROTECT): the shim stands down", logging.INFO, deferred=False)
-    if not _module_exists(PLE_MODULE):
+    table = _ple_methods()
+    if table is None:
         return verdict(False, f"freetoken {version}: no host-released WAIT in this release (no disk PLE table): "
                        "nothing to protect", logging.INFO, deferred=False)
     runner = getattr(graph, "GraphRunner", None)
@@ -156,11 +174,7 @@ def check(graph: ModuleType) -> Compat:
         return verdict(False, f"freetoken {version} lacks {wait_module}.{wait_function}"
                        f"{'(' + ', '.join(wait_params) + ')' if wait_params else ''}: the shim cannot see which graphs "
                        "hold a host-released WAIT; FreeToken left untouched", logging.WARNING, deferred=False)
-    try:
-        ple = importlib.import_module(PLE_MODULE)
-    except Exception:
-        ple = None
-    details = _deferred_details(runner, ple)
+    details = _deferred_details(runner, table)
     missing = [name for name, found in details if not found]
     checked = ("GraphRunner._capture_graphs", f"{wait_module}.{wait_function}",
                *([] if flavor == AFTER_CAPTURE else ["_upload_graph(graph, stream)"]), *(n for n, _ in details))

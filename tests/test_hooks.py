@@ -317,3 +317,23 @@ def test_status_before_freetoken_import():
     assert st["installed"] and not st["patched"]
     assert st["reason"] == "waiting for freetoken.engine.graph to be imported"
     assert st["freetoken"]["version"] == "0.2.1"
+
+
+def test_install_at_freetokens_import_imports_no_more_of_freetoken():
+    """The hook runs inside FreeToken's import of engine.graph, in every ft serve process, before the
+    engine has its device: it must not import FreeToken's model or kernel modules from there (on the
+    H200 that left every scheduler with an asynchronous CUDA 'invalid argument'). Only the WAIT
+    module it wraps may come in early."""
+    code = ("import sys; import freetoken.engine.graph; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('freetoken.'))))")
+
+    def modules(value):
+        env = {k: v for k, v in os.environ.items() if k != "FT_GRAPH_UPLOAD"}
+        if value:
+            env["FT_GRAPH_UPLOAD"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return set(out.stdout.split())
+
+    extra = modules("auto") - modules(None)
+    assert extra <= {"freetoken.kernel.row_store", "freetoken.kernel._row_store"}, extra
