@@ -135,40 +135,33 @@ def _flag_of(owner: Any, flag: Any) -> Any:
     return own if own is not None and own.data_ptr() == flag else RawFlag(flag)
 
 
-def _capture_local(name: str) -> Any:
-    """A local of the ``_capture_graphs`` frame on the stack (a model's forward can be deep)."""
-    frame: FrameType | None = caller_frame()
-    while frame is not None:
-        if frame.f_code.co_name == "_capture_graphs" and name in frame.f_locals:
-            return frame.f_locals[name]
-        frame = frame.f_back
+def capture_batch_size() -> int | None:
+    """The ``bs`` of FreeToken's capture loop (``graph.py`` 200), when ``_capture_graphs`` is calling.
+
+    Only from the ``_upload_graph`` hook, right under ``_capture_graphs``: reading that frame's
+    locals from inside a capture (from the WAIT hook, deep in the model's forward) left FreeToken's
+    real engine with an asynchronous "CUDA error: invalid argument" on the H200."""
+    for frame in outer_frames():
+        if frame.f_code.co_name == "_capture_graphs" and isinstance(frame.f_locals.get("bs"), int):
+            return frame.f_locals["bs"]
     return None
 
 
-def capture_batch_size() -> int | None:
-    """The ``bs`` of FreeToken's capture loop (``graph.py`` 200), when ``_capture_graphs`` is calling."""
-    bs = _capture_local("bs")
-    return bs if isinstance(bs, int) else None
-
-
-def capturing_graph() -> Any:
-    """The ``graph`` FreeToken's capture loop is capturing (its local, ``graph.py`` 204), if any."""
-    return _capture_local("graph")
-
-
 class WaitRecorder:
-    """The WAITs recorded during captures, with the graph each was captured into.
+    """The WAITs recorded during captures, with the ``id()`` of the graph each was captured into
+    (0.1.3 only; no reference to a graph under capture is held).
 
     0.2.x drains them after each capture (``_upload_graph``); 0.1.3 takes each graph's once the pass
-    is done. Cleared at the start and end of every capture pass, so a capture that raised never
-    leaks its WAITs into the next one (runtime rebuilds capture again in the same process).
+    is done (every graph is alive then, so ids are unambiguous). Cleared at the start and end of
+    every capture pass, so a capture that raised never leaks its WAITs into the next one (runtime
+    rebuilds capture again in the same process).
     """
 
     def __init__(self) -> None:
-        self._waits: list[tuple[Wait, Any]] = []
+        self._waits: list[tuple[Wait, int | None]] = []
 
-    def add(self, wait: Wait, graph: Any = None) -> None:
-        self._waits.append((wait, graph))
+    def add(self, wait: Wait, graph_id: int | None = None) -> None:
+        self._waits.append((wait, graph_id))
 
     def drain(self) -> list[Wait]:
         waits, self._waits = self._waits, []
@@ -176,8 +169,8 @@ class WaitRecorder:
 
     def take(self, graph: Any) -> list[Wait]:
         """The WAITs captured into ``graph``, in capture order."""
-        mine = [w for w, g in self._waits if g is graph]
-        self._waits = [(w, g) for w, g in self._waits if g is not graph]
+        mine = [w for w, g in self._waits if g == id(graph)]
+        self._waits = [(w, g) for w, g in self._waits if g != id(graph)]
         return mine
 
     def clear(self) -> None:

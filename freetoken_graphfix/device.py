@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -29,6 +29,8 @@ class Device(Protocol):
     def world_size(self) -> int: ...
 
     def helper_context(self) -> Callable[[], AbstractContextManager[None]]: ...
+
+    def track_captures(self) -> AbstractContextManager[Callable[[], int | None]]: ...
 
 
 class CudaDevice:
@@ -82,6 +84,31 @@ class CudaDevice:
             return contextlib.nullcontext
         index = torch.cuda.current_device()
         return lambda: torch.cuda.device(index)
+
+    @contextlib.contextmanager
+    def track_captures(self) -> Iterator[Callable[[], int | None]]:
+        """While the block runs, note which graph each capture is for: yields a getter of the
+        ``id()`` of the graph whose ``capture_begin`` ran last (``torch.cuda.graph.__enter__`` calls
+        it). A class attribute for the block only, holding no graph."""
+        import torch
+
+        cls = torch.cuda.CUDAGraph
+        own = "capture_begin" in vars(cls)
+        original = cls.capture_begin
+        current: list[int | None] = [None]
+
+        def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            current[0] = id(graph)
+            return original(graph, *args, **kwargs)
+
+        cls.capture_begin = capture_begin
+        try:
+            yield lambda: current[0]
+        finally:
+            if own:
+                cls.capture_begin = original
+            else:
+                del cls.capture_begin
 
     def world_size(self) -> int:
         try:

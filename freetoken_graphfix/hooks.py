@@ -30,7 +30,7 @@ from . import bootstrap, config, importhook
 from .compat import AFTER_CAPTURE, GRAPH_MODULE, UPLOAD_SEAM, Compat, check, freetoken_version
 from .config import Mode
 from .deferred import FirstLaunchGuard, restore
-from .detect import WaitRecorder, capture_batch_size, capturing_graph, wait_from_caller
+from .detect import WaitRecorder, capture_batch_size, wait_from_caller
 from .device import CudaDevice, Device
 from .errors import ConfigError, WarmReplayError
 from .strategies import Action, decide, warm_replay
@@ -82,6 +82,7 @@ class _State:
         self.guard: FirstLaunchGuard | None = None
         self.uninstalled: str = ""  # what uninstall() did with graphs still awaiting a first launch
         self.mode_changes: list[str] = []
+        self.capture_target: Callable[[], int | None] | None = None  # 0.1.3 passes: the graph under capture
 
 
 _state = _State()
@@ -282,7 +283,8 @@ def _on_wait_enqueued(wrapped: Callable[..., Any], instance: Any, args: tuple, k
     result = wrapped(*args, **kwargs)
     if _state.device.is_capturing():
         flag = args[1] if len(args) > 1 else kwargs.get("flag")
-        _state.recorder.add(wait_from_caller(flag), capturing_graph())
+        target = _state.capture_target
+        _state.recorder.add(wait_from_caller(flag), target() if target is not None else None)
     return result
 
 
@@ -290,10 +292,18 @@ def _on_capture_graphs(wrapped: Callable[..., Any], instance: Any, args: tuple, 
     _state.recorder.clear()  # a capture outside any pass (a test, a tool) must not leak its WAITs in
     capture = _state.current = CapturePass(len(_state.passes), "GraphRunner._capture_graphs")
     _state.passes.append(capture)
+    after_capture = _state.compat is not None and _state.compat.flavor == AFTER_CAPTURE
     try:
-        result = wrapped(*args, **kwargs)
-        if _state.compat is not None and _state.compat.flavor == AFTER_CAPTURE:
+        if after_capture:  # 0.1.3: each WAIT must be tied to its graph, decided once the loop is done
+            with _state.device.track_captures() as target:
+                _state.capture_target = target
+                try:
+                    result = wrapped(*args, **kwargs)
+                finally:
+                    _state.capture_target = None
             _decide_after_capture(instance, capture)
+        else:
+            result = wrapped(*args, **kwargs)
     except BaseException:
         for *_, record in _state.to_mark:
             record.first_launch = "the capture pass raised: never launched"

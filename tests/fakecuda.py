@@ -124,6 +124,10 @@ class FakeCuda:
         with self.stream(stream):
             graph.replay()
 
+    @contextlib.contextmanager
+    def track_captures(self) -> Iterator[Callable[[], int | None]]:
+        yield lambda: id(self.capturing_graph) if self.capturing_graph is not None else None
+
     def upload(self, graph: FakeGraph, stream: FakeStream) -> None:
         graph.uploaded = True
 

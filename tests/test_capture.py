@@ -311,3 +311,33 @@ def test_owner_found_through_pure_python_wrapt():
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "unknown (__main__.enqueue_wait)"
+
+
+def test_the_wait_hook_keeps_nothing_of_the_graph_under_capture(install, fake, engine, monkeypatch):
+    """0.2.x: the WAIT hook records the WAIT only. Reaching into _capture_graphs for the graph under
+    capture (its frame's locals, from deep in the model's forward) broke FreeToken's real engine on
+    the H200 ('CUDA error: invalid argument' after the capture pass): nothing of it is kept."""
+    seen = []
+    real_add = hooks._state.recorder.add
+    monkeypatch.setattr(hooks._state.recorder, "add", lambda wait, graph_id=None: (seen.append(graph_id),
+                                                                                    real_add(wait, graph_id)))
+    install("auto")
+    capture(fake, engine[1])
+    assert seen == [None, None]
+
+
+def test_cuda_device_tracks_captures_for_the_block_only():
+    """0.1.3's per-graph WAITs: torch.cuda.CUDAGraph.capture_begin notes the graph's id while a pass
+    runs, and is FreeToken's torch's own again afterwards."""
+    import torch
+
+    from freetoken_graphfix.device import CudaDevice
+
+    original = vars(torch.cuda.CUDAGraph)["capture_begin"]
+    stand_in = object()
+    with CudaDevice().track_captures() as target:
+        assert target() is None and vars(torch.cuda.CUDAGraph)["capture_begin"] is not original
+        with pytest.raises(AttributeError):  # a stand-in, not a graph: the real one refuses, after the note
+            torch.cuda.CUDAGraph.capture_begin(stand_in)
+        assert target() == id(stand_in)
+    assert vars(torch.cuda.CUDAGraph)["capture_begin"] is original
