@@ -83,9 +83,8 @@ def _ple_methods() -> dict[str, str] | None:
 
     From the live class once ``ple_disk`` is imported; else parsed from its file. Never imported
     here: this runs inside FreeToken's import of ``engine.graph``, and importing the qwen4_exp
-    package from there (``find_spec`` does, for a submodule) pulls model and kernel modules in
-    before the engine has its device: on the H200 that left every ``ft serve`` scheduler with an
-    asynchronous "CUDA error: invalid argument"."""
+    package from there (``find_spec`` does, for a submodule) would pull FreeToken's model and
+    triton kernel modules in, out of FreeToken's own order, before the engine has its device."""
     names = ("forward_host_ctx", "host_fill_batch", "lookup")
     live = sys.modules.get(PLE_MODULE)
     if live is not None and hasattr(live, "DiskRowTable"):

@@ -321,9 +321,8 @@ def test_status_before_freetoken_import():
 
 def test_install_at_freetokens_import_imports_no_more_of_freetoken():
     """The hook runs inside FreeToken's import of engine.graph, in every ft serve process, before the
-    engine has its device: it must not import FreeToken's model or kernel modules from there (on the
-    H200 that left every scheduler with an asynchronous CUDA 'invalid argument'). Only the WAIT
-    module it wraps may come in early."""
+    engine has its device: it must not import FreeToken's model or triton kernel modules from there,
+    out of FreeToken's own order. Only the WAIT module it wraps may come in early."""
     code = ("import sys; import freetoken.engine.graph; "
             "print(' '.join(sorted(m for m in sys.modules if m.startswith('freetoken.'))))")
 
