@@ -12,23 +12,18 @@ import os
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-import pytest
-
-from . import harness
-from .fakecuda import FakeCuda, wire
+from .fault_rig import EngineRig
+from .harness import Step
 
 
-class Rig:
+class Rig(EngineRig):
     def __init__(self, tmp: str) -> None:
-        self.mp, self.fake = pytest.MonkeyPatch(), FakeCuda()
-        wire(self.mp, self.fake)
-        self.table = harness.make_table(harness.write_rows(Path(tmp)))
+        super().__init__(tmp)
         # what the patched DiskRowTable.__init__ sets in wait-sync mode on CUDA: a worker that runs
         # nothing until a graph's first launch is filled on it
         self.table._worker = ThreadPoolExecutor(1, "ple-fill")
-        self.submits = 0
+        self.submits = self._before = 0
         submit = self.table._worker.submit
 
         def counting_submit(*args, **kwargs):
@@ -36,29 +31,13 @@ class Rig:
             return submit(*args, **kwargs)
 
         self.table._worker.submit = counting_submit
-        self.model = harness.PleModel(self.table, self.fake, self.fake.ctx)
-        self.capture()
-
-    def capture(self) -> None:
-        self.runner = harness.make_runner(self.model, self.fake.default, bs_list=(1, 2, 4))
-        self.engine = harness.engine_for(self.runner, self.table, self.model, self.fake.ctx)
 
     def step(self, bs: int, seed: int, pad: bool = False) -> dict:
-        before = self.submits
-        try:
-            s = harness.decode_step(self.runner, self.table, self.model, self.fake.ctx, self.fake, bs, seed,
-                                    pad=pad, engine=self.engine)
-        except Exception as exc:
-            self.runner.stream.synchronize()  # returns: no WAIT may be left pending
-            return {"raised": repr(exc), "flag_after": int(self.table._flag[0])}
-        if s.fired:
-            self.table._flag.zero_()  # the watchdog's and the fill's releases: drop the surplus
-        return {"fired": s.fired, "ok": s.ok, "flag_after": s.flag_after, "worker": self.submits - before,
-                "padded": s.padded_size}
+        self._before = self.submits
+        return super().step(bs, seed, pad)
 
-    def close(self) -> None:
-        self.fake.halt.set()
-        self.mp.undo()
+    def record(self, s: Step) -> dict:
+        return {**super().record(s), "worker": self.submits - self._before, "padded": s.padded_size}
 
 
 def run_mode(mode: str) -> dict:
@@ -77,25 +56,7 @@ def run_mode(mode: str) -> dict:
             rig.runner.destroy_cuda_graphs()  # Engine.rebuild_runtime_cache: a new runner
             rig.capture()
             out["rebuild"] = [rig.step(bs, seed) for seed, bs in enumerate([1, 2], start=10)]
-            from freetoken.models.qwen4_exp.ple_disk import DiskRowTable
-
-            real_fill = DiskRowTable.fill
-
-            def broken(self, runs, *, graph):
-                raise OSError("disk read failed")
-
-            rig.mp.setattr(DiskRowTable, "fill", broken)
-            out["fill_raises"] = rig.step(4, seed=20, pad=True)
-            rig.mp.setattr(DiskRowTable, "fill", real_fill)
-            out["after_fill_raised"] = rig.step(4, seed=21)
-            rig.capture()
-            rig.runner.graph_map[2].fail_launch = True
-            out["launch_raises"] = rig.step(2, seed=30)
-            rig.runner.graph_map[2].fail_launch = False
-            out["launch_retry"] = rig.step(2, seed=31)
-            rig.runner.attn_backend.fail_next_replay = True
-            out["raises_before_launch"] = rig.step(1, seed=32)
-            out["retry_after_raise_before_launch"] = rig.step(1, seed=33)
+            rig.faults(out)
             return out
         finally:
             rig.close()

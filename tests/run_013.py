@@ -9,48 +9,29 @@ without the shim (the negative control), then in every mode, then the faults und
 import json
 import logging
 import tempfile
-from pathlib import Path
 
-import pytest
-
-from . import harness
-from .fakecuda import FakeCuda, wire
+from .fault_rig import EngineRig
 
 
-class Rig:
+class Rig(EngineRig):
     def __init__(self, tmp: str, mode: str | None) -> None:
         import freetoken_graphfix
 
         freetoken_graphfix.uninstall()  # importing the package armed it: start from FreeToken as shipped
-        self.mp, self.fake = pytest.MonkeyPatch(), FakeCuda()
-        wire(self.mp, self.fake)
-        if mode is not None:
-            freetoken_graphfix.install(mode, device=self.fake, warm_timeout_s=2.0)
-        self.table = harness.make_table(harness.write_rows(Path(tmp)))
-        self.model = harness.PleModel(self.table, self.fake, self.fake.ctx)
-        self.capture()
+        self.mode = mode
+        super().__init__(tmp)
 
-    def capture(self) -> None:
-        self.runner = harness.make_runner(self.model, self.fake.default, bs_list=(1, 2, 4))
-        self.engine = harness.engine_for(self.runner, self.table, self.model, self.fake.ctx)
+    def arm(self) -> None:
+        import freetoken_graphfix
 
-    def step(self, bs: int, seed: int, pad: bool = False) -> dict:
-        try:
-            s = harness.decode_step(self.runner, self.table, self.model, self.fake.ctx, self.fake, bs, seed,
-                                    pad=pad, engine=self.engine)
-        except Exception as exc:
-            self.runner.stream.synchronize()  # returns: no WAIT may be left pending
-            return {"raised": repr(exc), "flag_after": int(self.table._flag[0])}
-        if s.fired:
-            self.table._flag.zero_()  # the watchdog's and the fill's releases: drop the surplus
-        return {"fired": s.fired, "ok": s.ok, "flag_after": s.flag_after}
+        if self.mode is not None:
+            freetoken_graphfix.install(self.mode, device=self.fake, warm_timeout_s=2.0)
 
     def close(self) -> None:
         import freetoken_graphfix
 
         freetoken_graphfix.uninstall()
-        self.fake.halt.set()
-        self.mp.undo()
+        super().close()
 
 
 def graphs(rig: Rig) -> list[dict]:
@@ -82,23 +63,7 @@ def run_mode(mode: str | None) -> dict:
             rig.capture()
             out["rebuild"] = [rig.step(bs, seed) for seed, bs in enumerate([1, 2], start=10)]
             out["rebuild_pass"] = [g["action"] for g in freetoken_graphfix.status()["passes"][-1]["graphs"]]
-            real_fill = DiskRowTable.fill
-
-            def broken(self, runs, *, graph):
-                raise OSError("disk read failed")
-
-            rig.mp.setattr(DiskRowTable, "fill", broken)
-            out["fill_raises"] = rig.step(4, seed=20, pad=True)
-            rig.mp.setattr(DiskRowTable, "fill", real_fill)
-            out["after_fill_raised"] = rig.step(4, seed=21)
-            rig.capture()
-            rig.runner.graph_map[2].fail_launch = True
-            out["launch_raises"] = rig.step(2, seed=30)
-            rig.runner.graph_map[2].fail_launch = False
-            out["launch_retry"] = rig.step(2, seed=31)
-            rig.runner.attn_backend.fail_next_replay = True
-            out["raises_before_launch"] = rig.step(1, seed=32)
-            out["retry_after_raise_before_launch"] = rig.step(1, seed=33)
+            rig.faults(out)
             out["last_pass"] = [(g["name"], g["first_launch"]) for g in freetoken_graphfix.status()["passes"][-1][
                 "graphs"]]
             return out
