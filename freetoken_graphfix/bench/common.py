@@ -1,12 +1,16 @@
-"""Helpers every benchmark shares: the environment tag, arm rotation, progress, option types."""
+"""Helpers every benchmark shares: the environment tag, arm rotation, progress, option types, the
+per-size loop of the real-engine benches."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
-from collections.abc import Iterable, Sequence
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from datetime import date
 from typing import Any, TypeVar
 
@@ -70,3 +74,25 @@ def write_json(path: str | None, record: Any) -> None:
     if path:
         with open(path, "w") as fh:
             json.dump(record, fh, indent=1)
+
+
+def run_sizes(opts: argparse.Namespace, name: str, record: Callable[[int, argparse.Namespace, str], dict],
+              render: Callable[[dict], str], failed: Callable[[dict], bool]) -> int:
+    """``bench --engine`` and ``--serve``: refuse a bad ``--layers`` before any size runs, then one
+    record per size with its processes' logs kept, ``--json``, the tables; exit 1 when one failed."""
+    from .model import check_layers
+
+    try:
+        for layers in opts.layers:
+            check_layers(layers)
+    except ValueError as exc:
+        print(f"bench --{name}: --layers: {exc}", file=sys.stderr)
+        return ERR
+    log_dir = opts.logs or tempfile.mkdtemp(prefix=f"graphfix-{name}-")
+    os.makedirs(log_dir, exist_ok=True)
+    records = [record(layers, opts, log_dir) for layers in opts.layers]
+    write_json(opts.json, records)
+    for rec in records:
+        print(render(rec) + "\n")
+    print(f"{name} logs: {log_dir}")
+    return ERR if any(failed(rec) for rec in records) else OK

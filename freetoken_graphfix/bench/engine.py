@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import config, patching
-from .common import ERR, OK, environment, positive, progress, rotated
-from .model import ENGINE, build_model_dir, check_layers, prompts
+from .common import environment, positive, progress, rotated, run_sizes
+from .model import ENGINE, build_model_dir, prompts
 from .stats import summary
 
 CHILD = Path(__file__).with_name("_engine_child.py")
@@ -259,19 +259,4 @@ def add_arguments(group: Any) -> None:
 
 def main(opts: argparse.Namespace) -> int:
     """Run the comparison for each ``--layers`` size; exit 1 when a safety target fails."""
-    try:
-        for layers in opts.layers:
-            check_layers(layers)
-    except ValueError as exc:  # refused before any size runs
-        print(f"bench --engine: --layers: {exc}", file=sys.stderr)
-        return ERR
-    log_dir = opts.logs or tempfile.mkdtemp(prefix="graphfix-engine-")
-    os.makedirs(log_dir, exist_ok=True)
-    records = [engine_record(layers, opts, log_dir) for layers in opts.layers]
-    if opts.json:
-        with open(opts.json, "w") as fh:
-            json.dump(records, fh, indent=1)
-    for record in records:
-        print(render(record) + "\n")
-    print(f"engine logs: {log_dir}")
-    return ERR if any(failures(r) for r in records) else OK
+    return run_sizes(opts, "engine", engine_record, render, lambda r: bool(failures(r)))

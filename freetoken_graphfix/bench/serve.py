@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import patching
-from .common import ERR, OK, environment
+from .common import ERR, environment, run_sizes
 from .engine import PATCHED_ARMS, SHIM_ARMS, arm_env
-from .model import VOCAB, build_model_dir, check_layers
+from .model import VOCAB, build_model_dir
 
 ARMS = ("upstream", *SHIM_ARMS, *PATCHED_ARMS)
 NEGATIVE = ("skip", "patched-none")  # unprotected: the first decode may deadlock, the server never answers
@@ -357,21 +357,5 @@ def main(opts: argparse.Namespace) -> int:
             print(f"bench --serve: --{name.replace('_', '-')} {getattr(opts, name)!r}: accepted values are "
                   "seconds above 0", file=sys.stderr)
             return ERR
-    try:
-        for layers in opts.layers:
-            check_layers(layers)
-    except ValueError as exc:
-        print(f"bench --serve: --layers: {exc}", file=sys.stderr)
-        return ERR
     opts.arms = opts.serve_arms
-    log_dir = opts.logs or tempfile.mkdtemp(prefix="graphfix-serve-")
-    os.makedirs(log_dir, exist_ok=True)
-    records = [serve_record(layers, opts, log_dir) for layers in opts.layers]
-    if opts.json:
-        with open(opts.json, "w") as fh:
-            json.dump(records, fh, indent=1)
-    for record in records:
-        print(render(record) + "\n")
-    print(f"server logs: {log_dir}")
-    return ERR if any(p for r in records for p in r["problems"].values()) else OK
-
+    return run_sizes(opts, "serve", serve_record, render, lambda r: any(r["problems"].values()))
