@@ -97,17 +97,14 @@ def install(mode: str | Mode | None = None, *, device: Device | None = None,
     same way. On an installed shim a new mode applies to graphs captured from then on: graphs
     already captured keep their decision (``status()["mode_changes"]`` says so), and a switch to or
     from ``off`` uninstalls first. ``device`` and ``warm_timeout_s`` exist for tests and the
-    benchmark. Raises :class:`~freetoken_graphfix.errors.ConfigError` for a mode it does not
-    accept, changing nothing.
+    benchmark; a switch keeps the ones installed unless given. Raises
+    :class:`~freetoken_graphfix.errors.ConfigError` for a mode it does not accept, changing nothing.
     """
     source = "mode" if mode is not None else config.ENV_MODE
     resolved = config.parse_mode(mode if mode is not None else config.env_value(), source=source)
-    if device is not None:
-        _state.device = device
-    if warm_timeout_s is not None:
-        _state.warm_timeout_s = warm_timeout_s
     if _state.installed:
-        _switch(resolved)
+        _switch(resolved, device or _state.device,
+                _state.warm_timeout_s if warm_timeout_s is None else warm_timeout_s)
         return
     env_before = bootstrap.disarm()  # an install pending FreeToken's import: this one replaces it
     _state.env_before = env_before if env_before is not bootstrap.NOT_ARMED else os.environ.get(config.ENV_MODE)
@@ -135,7 +132,8 @@ def install_armed() -> None:
         logger.error("not patched: %s", _state.config_error)
 
 
-def _switch(mode: Mode) -> None:
+def _switch(mode: Mode, device: Device, warm_timeout_s: float) -> None:
+    _state.device, _state.warm_timeout_s = device, warm_timeout_s
     before = _state.mode
     if mode is before:
         logger.debug("freetoken_graphfix already installed in mode %s", mode.value)
@@ -146,7 +144,7 @@ def _switch(mode: Mode) -> None:
     if Mode.OFF in (before, mode):  # off patches nothing: patching or unpatching is a new install
         env_before = _state.env_before
         uninstall()
-        install(mode)
+        install(mode, device=device, warm_timeout_s=warm_timeout_s)
         _state.env_before = env_before
     else:
         _state.mode = mode
