@@ -23,6 +23,7 @@ other objects nothing:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -69,7 +70,7 @@ class FillStager:
 
     def __init__(self, table: Any) -> None:
         self._table = table
-        self._original = _class_attribute(type(table), "host_fill_batch")
+        self._original = inspect.getattr_static(type(table), "host_fill_batch")
         self._graphs: dict[weakref.ref, int] = {}  # the waiting graphs reading this table -> their bs
         self.pending_bs: frozenset[int] = frozenset()  # what __call__ checks, once per dispatch
         self.staged: StagedFill | None = None
@@ -236,9 +237,3 @@ def is_stager(value: Any) -> bool:
     """Whether ``value`` is the shim's own stand-in for a table's ``host_fill_batch``."""
     return isinstance(value, FillStager)
 
-
-def _class_attribute(cls: type, name: str) -> Any:
-    for klass in cls.__mro__:
-        if name in vars(klass):
-            return vars(klass)[name]
-    raise AttributeError(f"{cls.__qualname__} has no {name}")

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from .compat import PLE_MODULE
 from .deferred import is_stager
 
-PLE_MODULE = "freetoken.models.qwen4_exp.ple_disk"
 ENGRAM_MODULE = "freetoken.models.deepseek_v41.engram_table"
 
 

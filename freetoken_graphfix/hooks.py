@@ -360,12 +360,7 @@ def _protect(graph: Any, stream: Any, waits: list, name: str, capture: CapturePa
              upload: Callable[[], None]) -> Action:
     """Decide for one graph and act: nothing, ``upload()``, a warm replay, or a deferred mark."""
     t0 = time.perf_counter()
-    compat = _state.compat
-    defer_unavailable = (
-        (compat.deferred_reason if compat else "FreeToken not inspected") if not (compat and compat.deferred)
-        else None if _state.current is not None
-        else "captured outside GraphRunner._capture_graphs: no runner launches it")
-    decision = decide(_state.mode, waits, defer_unavailable=defer_unavailable)
+    decision = decide(_state.mode, waits, defer_unavailable=_defer_unavailable())
     record = GraphRecord(len(capture.graphs), name, [w.describe() for w in waits], decision.action.value,
                          decision.reason, 0.0)
     capture.graphs.append(record)
@@ -388,6 +383,18 @@ def _protect(graph: Any, stream: Any, waits: list, name: str, capture: CapturePa
     finally:
         record.hook_ms = 1e3 * (time.perf_counter() - t0)
     return decision.action
+
+
+def _defer_unavailable() -> str | None:
+    """Why the graph being decided cannot get a deferred first launch, ``None`` when it can."""
+    compat = _state.compat
+    if compat is None:
+        return "FreeToken not inspected"
+    if not compat.deferred:
+        return compat.deferred_reason
+    if _state.current is None:
+        return "captured outside GraphRunner._capture_graphs: no runner launches it"
+    return None
 
 
 def _warm(graph: Any, stream: Any, waits: list, name: str, upload: Callable[[], None]) -> None:
