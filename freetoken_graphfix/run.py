@@ -16,6 +16,7 @@ import sys
 import sysconfig
 from collections.abc import Sequence
 
+from .bootstrap import interpreters
 from .errors import GraphfixError
 
 NOT_FOUND, NOT_EXECUTABLE = 127, 126  # what shells exit with
@@ -54,19 +55,11 @@ def foreign_python(path: str) -> str | None:
     reaches only interpreters that have freetoken-graphfix (and its ``.pth``) installed."""
     if not os.path.basename(path).startswith("python"):
         return None
-    ours = {os.path.realpath(p) for p in (sys.executable, *_env_pythons())}
+    ours = {os.path.realpath(p) for p in (sys.executable, *interpreters())}
     if os.path.realpath(path) in ours:
         return None
     return (f"freetoken_graphfix: warning: {path} is not this environment's interpreter ({sys.executable}); "
             "unless freetoken-graphfix is installed there too, it runs without the shim")
-
-
-def _env_pythons() -> list[str]:
-    scripts = sysconfig.get_paths()["scripts"]
-    try:
-        return [os.path.join(scripts, n) for n in os.listdir(scripts) if n.startswith("python")]
-    except OSError:
-        return []
 
 
 def supervise(argv: Sequence[str], env: dict[str, str]) -> int:
