@@ -215,18 +215,16 @@ def _read(target: Target, rel: str) -> list[str] | None:
     return path.read_bytes().decode("utf-8").splitlines(keepends=True) if path.is_file() else None
 
 
-def _run(target: Target, reverse: bool) -> tuple[dict[str, bytes | None] | None, str]:
+def _run(target: Target, reverse: bool) -> dict[str, bytes | None] | None:
     """The series (or its reverse) on copies of the files in memory: new contents per file
-    (``None``: delete), or why it does not fit."""
+    (``None``: delete), or ``None`` when it does not fit (``_diagnose`` says why)."""
     files = _files(target)
     contents = {f.rel: _read(target, f.rel) for f in files}
-    missing = [f.rel for f in files if contents[f.rel] is None and not (f.new and not reverse)]
-    if missing:
-        return None, f"{missing[0]}: missing from the {target.label}"
-    error = _apply_series(contents, target, reverse)
-    if error:
-        return None, error
-    return {rel: None if lines is None else "".join(lines).encode("utf-8") for rel, lines in contents.items()}, ""
+    if any(contents[f.rel] is None and not (f.new and not reverse) for f in files):
+        return None
+    if _apply_series(contents, target, reverse):
+        return None
+    return {rel: None if lines is None else "".join(lines).encode("utf-8") for rel, lines in contents.items()}
 
 
 def _fits(target: Target, f: File, reverse: bool) -> str | None:
@@ -252,11 +250,18 @@ def _diagnose(target: Target) -> str:
 
 def state(target: Target) -> str:
     """``"applied"`` or ``"not applied"``; :class:`PatchError` naming the file and hunk otherwise."""
+    return _state(target)[0]
+
+
+def _state(target: Target) -> tuple[str, dict[str, bytes | None]]:
+    """The state, with the contents that would move the tree to the other one."""
     check_release(target)
-    if _run(target, reverse=False)[0] is not None:
-        return "not applied"
-    if _run(target, reverse=True)[0] is not None:
-        return "applied"
+    forward = _run(target, reverse=False)
+    if forward is not None:
+        return "not applied", forward
+    backward = _run(target, reverse=True)
+    if backward is not None:
+        return "applied", backward
     raise PatchError(f"the {target.label} does not fit the series: {_diagnose(target)}; nothing was changed")
 
 
@@ -271,10 +276,10 @@ def revert(target: Target) -> tuple[bool, str]:
 
 
 def _move(target: Target, reverse: bool) -> tuple[bool, str]:
-    if state(target) == ("not applied" if reverse else "applied"):
+    current, contents = _state(target)
+    if current == ("not applied" if reverse else "applied"):
         return False, (f"the series is not applied to the {target.label}; nothing to revert" if reverse
                        else f"the series is already applied to the {target.label}; nothing to do")
-    contents, _ = _run(target, reverse)
     _write_all(target, contents)
     verb, preposition = ("reverted", "from") if reverse else ("applied", "to")
     return True, f"{verb} {len(series())} patches {preposition} the {target.label}"
