@@ -46,6 +46,13 @@ class EngineRig:
     def record(self, s: harness.Step) -> dict:
         return {"fired": s.fired, "ok": s.ok, "flag_after": s.flag_after}
 
+    def rebuild(self) -> list[dict]:
+        """``Engine.rebuild_runtime_cache`` (engine.py 941, 972): the graphs destroyed, a new runner
+        captured; then a step at each of two sizes, whose first launches must be protected again."""
+        self.runner.destroy_cuda_graphs()
+        self.capture()
+        return [self.step(bs, seed) for seed, bs in enumerate([1, 2], start=10)]
+
     def faults(self, out: dict) -> None:
         """A fill that raises, a launch that raises, a step that raises before its launch: each
         followed by a step that must still be protected (issue #14)."""

@@ -53,9 +53,7 @@ def run_mode(mode: str) -> dict:
                    "steps": [rig.step(bs, seed, pad=bs == 3) for seed, bs in enumerate([2, 2, 1, 3, 1])]}
             if mode != "first-launch":
                 return out
-            rig.runner.destroy_cuda_graphs()  # Engine.rebuild_runtime_cache: a new runner
-            rig.capture()
-            out["rebuild"] = [rig.step(bs, seed) for seed, bs in enumerate([1, 2], start=10)]
+            out["rebuild"] = rig.rebuild()
             rig.faults(out)
             return out
         finally:
