@@ -53,6 +53,14 @@ def arm_env(arm: str, patched: str | None = None) -> dict[str, str]:
     return env
 
 
+def patched_freetoken(arms: list[str], log_dir: str) -> str | None:
+    """The folder to put first on ``PYTHONPATH`` for the patched arms (a patched copy of the
+    installed FreeToken under ``log_dir``), ``None`` when no patched arm runs."""
+    if not any(arm in PATCHED_ARMS for arm in arms):
+        return None
+    return str(patching.patched_copy(Path(log_dir) / "patched-freetoken"))
+
+
 def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, label: str = "",
             patched: str | None = None) -> dict[str, Any]:
     """One engine process for ``arm``; its result line, or the error and the tail of its log."""
@@ -118,8 +126,7 @@ def engine_record(layers: int, opts: argparse.Namespace, log_dir: str) -> dict[s
     An unrecorded warm-up run goes first: the first engine on a machine compiles FreeToken's triton
     and JIT kernels into their caches, and no arm should pay for that."""
     model_dir = tempfile.mkdtemp(prefix=f"graphfix-engine-{layers}L-", dir=log_dir)
-    patched = (str(patching.patched_copy(Path(log_dir) / "patched-freetoken"))
-               if any(arm in PATCHED_ARMS for arm in opts.arms) else None)
+    patched = patched_freetoken(opts.arms, log_dir)
     try:
         build_model_dir(model_dir, layers)
         if opts.warmup:  # the patched copy is another path: its JIT kernels may be compiled again

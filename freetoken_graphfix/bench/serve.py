@@ -31,9 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .. import patching
 from .common import ERR, environment, run_sizes
-from .engine import PATCHED_ARMS, SHIM_ARMS, arm_env
+from .engine import PATCHED_ARMS, SHIM_ARMS, arm_env, patched_freetoken
 from .model import VOCAB, build_model_dir
 
 ARMS = ("upstream", *SHIM_ARMS, *PATCHED_ARMS)
@@ -305,8 +304,7 @@ def serve_record(layers: int, opts: argparse.Namespace, log_dir: str) -> dict[st
     """Build the model, then run the arms: the first one alone (it compiles FreeToken's kernels into
     their caches; so does the first patched arm, another path), the rest ``opts.jobs`` at a time."""
     model_dir = tempfile.mkdtemp(prefix=f"graphfix-serve-{layers}L-", dir=log_dir)
-    patched = (str(patching.patched_copy(Path(log_dir) / "patched-freetoken"))
-               if any(arm in PATCHED_ARMS for arm in opts.arms) else None)
+    patched = patched_freetoken(opts.arms, log_dir)
     runs: dict[str, dict[str, Any]] = {}
     lock = threading.Lock()
 
