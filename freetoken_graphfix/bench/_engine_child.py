@@ -91,9 +91,8 @@ def main(spec_path: str) -> None:
     # GraphRunner._capture_graphs looks _upload_graph up as a module global (graph.py 222) and
     # ple_disk imports wait_reset at each lookup: module attributes are the seams, as for the shim.
     # A FreeToken carrying patches/ calls _upload_graph only with FREETOKEN_GRAPH_PROTECT=upload.
-    seam = "_upload_graph"
     upload_ms: list[float] = []
-    upload = getattr(graph_mod, seam)  # the shim's wrapper when its bootstrap ran here
+    upload = graph_mod._upload_graph  # the shim's wrapper when its bootstrap ran here
 
     def timed_upload(*args, **kwargs) -> None:
         t0 = time.perf_counter()
@@ -101,7 +100,7 @@ def main(spec_path: str) -> None:
             upload(*args, **kwargs)
         upload_ms.append(1e3 * (time.perf_counter() - t0))
 
-    setattr(graph_mod, seam, timed_upload)
+    graph_mod._upload_graph = timed_upload
     captured_waits = [0]
     wait_reset = row_store.wait_reset
 
@@ -187,12 +186,12 @@ def main(spec_path: str) -> None:
         first_launch.setdefault(str(bs), ms)
     token_ids = [o["token_ids"] for o in outs]
     shim = sys.modules.get("freetoken_graphfix")  # observed, never imported here
+    protect_mode = getattr(graph_mod, "_graph_protect_mode", None)
     result = {
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
         "freetoken": metadata.version("freetoken"),
-        "freetoken_patched": hasattr(graph_mod, "_graph_protect_mode"),  # patches/ applied
-        "freetoken_graph_protect": graph_mod._graph_protect_mode() if hasattr(graph_mod, "_graph_protect_mode")
-        else None,
+        "freetoken_patched": protect_mode is not None,  # patches/ applied
+        "freetoken_graph_protect": protect_mode() if protect_mode is not None else None,
         "freetoken_file": graph_mod.__file__,
         "table": type(table).__name__, "wait_sync": bool(getattr(table, "_wait_sync", False)),
         "fill_worker": getattr(table, "_worker", None) is not None,
