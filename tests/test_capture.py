@@ -250,6 +250,21 @@ def test_only_after_launch_owners_are_guarded(install, fake, engine):
     assert not s.fired and s.ok and int(engram.flag[0]) == 0
 
 
+def test_a_release_without_the_deferred_details_gets_warm(install, fake, engine, monkeypatch):
+    """A release decided by feature that lacks a private detail of the deferred path: auto protects
+    its PLE graphs with a warm replay, and the reason names what is missing."""
+    from dataclasses import replace
+
+    table, model = engine
+    install("auto")
+    monkeypatch.setattr(hooks._state, "compat", replace(hooks._state.compat, deferred=False,
+                                                        deferred_reason="missing DiskRowTable.lookup waits"))
+    runner = capture(fake, model)
+    assert [(a, r) for _, a, r in graphs_of(freetoken_graphfix.status())] == [
+        ("warm", "PLE wait-sync; deferred unavailable: missing DiskRowTable.lookup waits")] * 2
+    assert [g.launches for g in runner.graph_map.values()] == [1, 1] and int(table._flag[0]) == 0
+
+
 def test_a_graph_captured_outside_a_pass_gets_warm(install, fake, engine):
     """No GraphRunner captured it, so no runner launches it through the guard: warm, not deferred."""
     table, model = engine

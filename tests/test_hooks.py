@@ -300,9 +300,9 @@ def test_switching_to_off_and_back(clean_shim):
         "off -> skip: graphs captured from now on; the 0 captured before keep their decisions"]
 
 
-def test_switching_through_off_keeps_the_device_and_timeout(install, fake):
-    """A switch to off and back is a new install inside: it must keep the device and the warm
-    timeout the shim was installed with, not fall back to the real CUDA device."""
+def test_a_switch_keeps_the_device_and_timeout_unless_given(install, fake):
+    """install(mode) on an installed shim keeps the device and warm timeout it was installed with,
+    also through off (a new install inside), and takes new ones when the switch names them."""
     from freetoken_graphfix import hooks
 
     install("auto", warm_timeout_s=0.25)
@@ -310,9 +310,11 @@ def test_switching_through_off_keeps_the_device_and_timeout(install, fake):
     freetoken_graphfix.install("warm")
     assert hooks._state.device is fake and hooks._state.warm_timeout_s == 0.25
     other = type(fake)()
-    freetoken_graphfix.install("off", device=other)
+    freetoken_graphfix.install("deferred", device=other, warm_timeout_s=0.5)
+    assert hooks._state.device is other and hooks._state.warm_timeout_s == 0.5
+    freetoken_graphfix.install("off", device=fake)
     freetoken_graphfix.install("auto")
-    assert hooks._state.device is other  # a device given with the switch replaces the old one
+    assert hooks._state.device is fake and hooks._state.warm_timeout_s == 0.5
 
 
 def test_status_after_uninstall_tells_the_truth(clean_shim):

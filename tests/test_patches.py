@@ -324,3 +324,18 @@ def test_hunks_apply_at_any_offset_and_without_a_final_newline(tmp_path):
     assert patching._patch_file(["header\n", "a\n", "c"], diff, reverse=True) == moved
     with pytest.raises(patching._Misfit, match=r"hunk @@ -1,2 \+1,2 @@ does not fit python/freetoken/x.py"):
         patching._patch_file(["a\n", "b\n"], diff, reverse=False)  # b with a newline is another line
+
+
+def test_a_file_the_series_edits_but_the_tree_lacks_is_never_created(tmp_path, monkeypatch):
+    """A hunk that only adds lines fits an empty file: were a missing file read as empty, the
+    series would create a file it only edits. The tree does not fit, and nothing is written."""
+    patch = tmp_path / "p.patch"
+    patch.write_text("diff --git a/python/freetoken/x.py b/python/freetoken/x.py\n"
+                     "--- a/python/freetoken/x.py\n+++ b/python/freetoken/x.py\n@@ -0,0 +1 @@\n+added\n")
+    (tmp_path / "python" / "freetoken").mkdir(parents=True)
+    monkeypatch.setattr(patching, "series", lambda: [patch])
+    monkeypatch.setattr(patching, "check_release", lambda target: None)
+    target = patching.Target(tmp_path, 1, "test tree")
+    with pytest.raises(patching.PatchError, match="does not fit the series"):
+        patching.apply(target)
+    assert not (tmp_path / "python" / "freetoken" / "x.py").exists()
