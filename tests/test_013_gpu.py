@@ -1,7 +1,10 @@
 """FreeToken 0.1.3 on the GPU (marker ``gpu``): unprotected, its first launches block at a size
-where 0.2.x blocks; with the shim (auto), none does, and the logits are those of FreeToken's own
-gate mode. Needs 0.1.3 importable in a folder named by ``GRAPHFIX_FREETOKEN_013`` (pip install
---target; 0.1.3 asks for torch 2.11 and flashlib 0.3.0): without it the test fails, it never skips."""
+where 0.2.x blocks; with the shim (auto), none does, and the output is that of FreeToken's own
+gate mode. Twice: 0.1.3's real GraphRunner and DiskRowTable on the rig (logits), and 0.1.3's real
+offline engine through ``bench --engine`` (tokens). Needs 0.1.3 importable in a folder named by
+``GRAPHFIX_FREETOKEN_013`` (pip install --target; 0.1.3 asks for torch 2.11, flashlib 0.3.0 and
+transformers < 5.17): without it the tests fail, they never skip. The engine arms need this package
+installed (its ``.pth`` brings the shim into each engine process)."""
 
 from __future__ import annotations
 
@@ -17,14 +20,18 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def run():
+def env_013() -> dict[str, str]:
     site = os.environ.get("GRAPHFIX_FREETOKEN_013")
     assert site and (Path(site) / "freetoken" / "version.py").is_file(), (
         "set GRAPHFIX_FREETOKEN_013 to a folder holding FreeToken 0.1.3 (pip install --target DIR freetoken==0.1.3)")
     env = {k: v for k, v in os.environ.items() if k != "FT_GRAPH_UPLOAD"}
     env["PYTHONPATH"] = os.pathsep.join([site, str(ROOT), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-m", "tests.run_013_gpu"], cwd=ROOT, env=env, capture_output=True,
+    return env
+
+
+@pytest.fixture(scope="module")
+def run():
+    out = subprocess.run([sys.executable, "-m", "tests.run_013_gpu"], cwd=ROOT, env=env_013(), capture_output=True,
                          text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     record = json.loads(out.stdout.strip().splitlines()[-1])
@@ -43,3 +50,35 @@ def test_protected_never_block_and_match_gate_mode(run, mode, action):
     assert r["actions"] == [action, action]
     assert r["fired"] == [False] * 4, r
     assert all(r["logits_equal_gate"]), r
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """``bench --engine`` on 0.1.3 at 320 layers (where 0.2.x's never-uploaded graphs block): upstream
+    (0.1.3 uploads nothing), gate (FreeToken's escape hatch, the token reference) and auto."""
+    logs = tmp_path_factory.mktemp("engine-013")
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine", "--layers", "320",
+                          "--tokens", "32", "--replays", "20", "--hang-timeout", "150",
+                          "--arms", "upstream", "gate", "auto", "--logs", str(logs),
+                          "--json", str(logs / "engine.json")],
+                         cwd=ROOT, env=env_013(), capture_output=True, text=True, timeout=900)
+    print("\n" + out.stdout)
+    assert (logs / "engine.json").is_file(), out.stderr[-4000:]
+    (record,) = json.loads((logs / "engine.json").read_text())
+    assert {r["freetoken"] for rs in record["runs"].values() for r in rs if "error" not in r} == {"0.1.3"}, out.stderr
+    return record, out.returncode
+
+
+def test_real_engine_unprotected_first_launches_block(engine):
+    record, _ = engine
+    upstream = record["summary"]["upstream"]
+    assert not upstream["protected"] and upstream["errors"] == [], upstream
+    assert upstream["fires"] >= 1 and max(upstream["first_launch_ms"].values()) > 3900, upstream
+
+
+def test_real_engine_auto_never_blocks_and_matches_gate_mode(engine):
+    record, code = engine
+    auto = record["summary"]["auto"]
+    assert auto["errors"] == [] and auto["fires"] == 0, auto
+    assert auto["reference"] == "gate" and auto["same_tokens_as_reference"], auto
+    assert code == 0  # bench's own verdict agrees

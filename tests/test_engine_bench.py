@@ -140,6 +140,33 @@ def test_verdicts():
     assert engine.failures(blocked) == ["patched: the watchdog released 1 blocked launch(es)"]
 
 
+def test_gate_arm_runs_freetokens_launch_gating(monkeypatch):
+    monkeypatch.setenv("FREETOKEN_PLE_SYNC", "gate")
+    assert engine.arm_env("auto")["FREETOKEN_PLE_SYNC"] == "wait"  # a user's gate would hide the WAIT
+    assert engine.arm_env("gate")["FREETOKEN_PLE_SYNC"] == "gate" and config.ENV_MODE not in engine.arm_env("gate")
+    gate = result(wait_sync=False, captured_waits=0)
+    assert engine.arm_problems("gate", gate) == []
+    assert "did not decode on graphs without a WAIT" in engine.arm_problems("gate", result())[0]
+
+
+def test_on_a_freetoken_that_uploads_nothing_upstream_is_a_control_and_gate_the_reference():
+    """FreeToken 0.1.3 has no _upload_graph: its upstream may block, and tokens are gate's."""
+    ft013 = dict(freetoken="0.1.3", freetoken_uploads=False, upload_ms=[])
+    gate = result(wait_sync=False, captured_waits=0, **ft013)
+    rec = record(upstream=result(fires=[{"step": 2}], token_hash="bbbb", **ft013), gate=gate,
+                 auto=result(shim=shim("auto", "deferred"), **ft013))
+    assert engine.failures(rec) == []
+    assert not rec["summary"]["upstream"]["protected"] and rec["summary"]["auto"]["reference"] == "gate"
+    assert "upstream BLOCKED (watchdog fired)" in engine.render(rec) and "gate's tokens" in engine.render(rec)
+    assert rec["summary"]["auto"]["replay_gpu_vs_never_uploaded"] == 1.0  # against upstream, never uploaded
+    drifted = record(upstream=result(**ft013), gate=gate, auto=result(shim=shim("auto", "deferred"),
+                                                                      token_hash="cccc", **ft013))
+    assert engine.failures(drifted) == ["auto: tokens ['cccc'] differ from gate's"]
+    alone = record(upstream=result(**ft013), auto=result(shim=shim("auto", "deferred"), **ft013))
+    assert "no gate arm to compare tokens with" in engine.failures(alone)[0] and "--arms gate" in engine.failures(
+        alone)[0]
+
+
 def test_gpu_time_is_compared_with_the_never_uploaded_arm():
     slow = copy.deepcopy(result(shim=shim("auto", "deferred")))
     slow["replay_gpu_ms"] = {"2": [1.65, 1.65], "1": [1.2]}  # bs 2 10% slower, bs 1 the same

@@ -3,9 +3,10 @@
 Run by path (``python _engine_child.py SPEC.json``), never imported, and it imports nothing of
 freetoken_graphfix: the shim must reach this process the way it reaches a user's engine, through
 its ``.pth`` bootstrap and ``FT_GRAPH_UPLOAD``. What it adds is instrumentation only: timing
-wrappers on ``_upload_graph`` and ``GraphRunner._capture_graphs``, a WAIT counter on
-``row_store.wait_reset``, CUDA events around ``Engine.forward_batch`` and a launch watchdog that
-releases the PLE flag when a graph launch blocks, so a deadlock is reported instead of hanging.
+wrappers on ``_upload_graph`` (0.2.x) and ``GraphRunner._capture_graphs``, a counter on the PLE
+table's WAIT (``row_store.wait_reset`` in 0.2.x, ``_ple_store.memop_wait_reset`` in 0.1.3), CUDA
+events around ``Engine.forward_batch`` and a launch watchdog that releases the PLE flag when a
+graph launch blocks, so a deadlock is reported instead of hanging.
 Prints one ``GRAPHFIX_ENGINE_RESULT {json}`` line.
 """
 
@@ -26,35 +27,46 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
 
 
+def ple_flag_ops():
+    """(module, name of its WAIT-enqueueing function, release(flag)) of the installed FreeToken: 0.2.x's
+    ``kernel.row_store`` (``ple_disk.py`` imports ``wait_reset`` at each lookup), else 0.1.3's
+    ``kernel._ple_store`` (``ple_disk.py:259-267`` imports it inside ``lookup``). Both releases are a
+    plain host store, safe from any thread."""
+    try:
+        from freetoken.kernel import row_store
+    except ImportError:
+        from freetoken.kernel import _ple_store
+
+        return _ple_store, "memop_wait_reset", lambda flag: _ple_store.signal_flag(flag.data_ptr())
+    return row_store, "wait_reset", row_store.signal
+
+
 class LaunchWatchdog:
     """Polls the launch in progress; one that has been inside the launch call for ``seconds`` is
     blocked behind its own WAIT, so release the WAIT's flag the way the fill would. Polling keeps
     the per-step cost to two attribute stores (a thread per step would add to the step time)."""
 
-    def __init__(self, flag, seconds: float) -> None:
-        self.flag, self.seconds = flag, seconds
+    def __init__(self, flag, seconds: float, release) -> None:
+        self.flag, self.seconds, self.release = flag, seconds, release
         self.started: float | None = None  # perf_counter() when the launch in progress began
         self.fired = 0
         threading.Thread(target=self._run, name="graphfix-launch-watchdog", daemon=True).start()
 
     def _run(self) -> None:
-        from freetoken.kernel.row_store import signal
-
         while True:
             time.sleep(0.05)
             started = self.started
             if started is not None and self.flag is not None and time.perf_counter() - started > self.seconds:
                 self.started = None
                 self.fired += 1
-                signal(self.flag)  # a plain host store: safe from any thread
+                self.release(self.flag)
 
 
-def time_replays(runner, stream, flag, reps: int) -> dict[str, list[float]]:
+def time_replays(runner, stream, flag, reps: int, release) -> dict[str, list[float]]:
     """GPU ms of each of the engine's own graphs alone, after the run: bs interleaved, the WAIT
     released just before each launch. The decode step is host-bound (the scheduler, the fill), so
     its CUDA-event time mostly measures the host; this measures the graph as uploaded or not."""
     import torch
-    from freetoken.kernel.row_store import signal
 
     out: dict[str, list[float]] = {str(bs): [] for bs in runner.graph_map}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -63,7 +75,7 @@ def time_replays(runner, stream, flag, reps: int) -> dict[str, list[float]]:
             for bs, graph in runner.graph_map.items():
                 if flag is not None:
                     flag.zero_()  # exactly one release per launch
-                    signal(flag)
+                    release(flag)
                 start.record(stream)
                 graph.replay()
                 end.record(stream)
@@ -76,23 +88,23 @@ def time_replays(runner, stream, flag, reps: int) -> dict[str, list[float]]:
 def main(spec_path: str) -> None:
     with open(spec_path) as fh:
         spec = json.load(fh)
-    os.environ["FREETOKEN_PLE_SYNC"] = "wait"  # read by DiskRowTable.__init__ inside Engine.__init__
+    os.environ["FREETOKEN_PLE_SYNC"] = spec["ple_sync"]  # read by DiskRowTable.__init__ inside Engine.__init__
     faulthandler.dump_traceback_later(spec["hang_timeout_s"], exit=True)  # never hang the bench
 
     import freetoken.engine.graph as graph_mod
     import torch
     from freetoken.core import SamplingParams
-    from freetoken.kernel import row_store
     from freetoken.llm import LLM
     from freetoken.mm.config import ENCODER_KINDS, MultimodalConfig
 
     assert not torch.cuda.is_initialized(), "Engine.__init__ must initialise CUDA itself"
 
     # GraphRunner._capture_graphs looks _upload_graph up as a module global (graph.py 222) and
-    # ple_disk imports wait_reset at each lookup: module attributes are the seams, as for the shim.
-    # A FreeToken carrying patches/ calls _upload_graph only with FREETOKEN_GRAPH_PROTECT=upload.
+    # ple_disk imports its WAIT function at each lookup: module attributes are the seams, as for the
+    # shim. A FreeToken carrying patches/ calls _upload_graph only with FREETOKEN_GRAPH_PROTECT=upload;
+    # 0.1.3 has no _upload_graph at all.
     upload_ms: list[float] = []
-    upload = graph_mod._upload_graph  # the shim's wrapper when its bootstrap ran here
+    upload = getattr(graph_mod, "_upload_graph", None)  # the shim's wrapper when its bootstrap ran here
 
     def timed_upload(*args, **kwargs) -> None:
         t0 = time.perf_counter()
@@ -100,15 +112,17 @@ def main(spec_path: str) -> None:
             upload(*args, **kwargs)
         upload_ms.append(1e3 * (time.perf_counter() - t0))
 
-    graph_mod._upload_graph = timed_upload
+    if upload is not None:
+        graph_mod._upload_graph = timed_upload
     captured_waits = [0]
-    wait_reset = row_store.wait_reset
+    wait_module, wait_name, release = ple_flag_ops()
+    wait_reset = getattr(wait_module, wait_name)
 
-    def counting_wait_reset(stream, flag):
+    def counting_wait_reset(*args):
         captured_waits[0] += torch.cuda.is_current_stream_capturing()
-        return wait_reset(stream, flag)
+        return wait_reset(*args)
 
-    row_store.wait_reset = counting_wait_reset
+    setattr(wait_module, wait_name, counting_wait_reset)
     capture_ms: list[float] = []
     runner_cls = graph_mod.GraphRunner
     capture = runner_cls._capture_graphs
@@ -129,7 +143,7 @@ def main(spec_path: str) -> None:
     eng, runner = llm.engine, llm.engine.graph_runner
     table = getattr(eng.model, "_ple_table", None)
     flag = getattr(table, "_flag", None)
-    dog = LaunchWatchdog(flag, spec["watchdog_s"])
+    dog = LaunchWatchdog(flag, spec["watchdog_s"], release)
     launches: list[tuple[int, float]] = []  # (bs, host ms of the replay call)
     steps: list[dict] = []
     fires: list[dict] = []
@@ -193,6 +207,7 @@ def main(spec_path: str) -> None:
         "freetoken_patched": protect_mode is not None,  # patches/ applied
         "freetoken_graph_protect": protect_mode() if protect_mode is not None else None,
         "freetoken_file": graph_mod.__file__,
+        "freetoken_uploads": upload is not None,  # FreeToken's own protection (#697), absent in 0.1.3
         "table": type(table).__name__, "wait_sync": bool(getattr(table, "_wait_sync", False)),
         "fill_worker": getattr(table, "_worker", None) is not None,
         "graph_bs": sorted(runner.graph_map), "captured_waits": captured_waits[0],
@@ -208,7 +223,7 @@ def main(spec_path: str) -> None:
         "shim": None if shim is None else {k: v for k, v in shim.status().items() if k != "freetoken"},
     }
     try:
-        replays = time_replays(runner, eng.stream, flag, spec["replays"])
+        replays = time_replays(runner, eng.stream, flag, spec["replays"], release)
         result["replay_gpu_ms"] = {bs: [round(t, 5) for t in ts] for bs, ts in replays.items()}
     except Exception as exc:  # report the run's figures even so
         result["replay_error"] = repr(exc)

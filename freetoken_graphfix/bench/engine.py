@@ -5,7 +5,9 @@ graphs) on the synthetic qwen4_exp of ``model`` in a fresh process (``_engine_ch
 get ``FT_GRAPH_UPLOAD`` in that process's environment and nothing else: the package's ``.pth``
 bootstrap must bring the shim in, as on a user's machine. The never-uploaded arms (``pre-697``:
 FreeToken's upload removed, and ``skip``) are the negative control: on a large enough model their
-first launches block.
+first launches block. ``gate`` is FreeToken's own escape hatch (``FREETOKEN_PLE_SYNC=gate``: the
+fill before the launch, no WAIT in the graph): on FreeToken 0.1.3, which uploads nothing, upstream
+is itself unprotected and gate's tokens are the reference.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ SHIM_ACTION = {"auto": "deferred", "upload": "upload", "warm": "warm", "deferred
 SHIM_ARMS = tuple(SHIM_ACTION)  # FT_GRAPH_UPLOAD=<arm>, and the action the shim must take on every graph
 # FreeToken with patches/ applied (a patched copy first on PYTHONPATH), FREETOKEN_GRAPH_PROTECT=<mode>
 PATCHED_ARMS = {"patched": "first-launch", "patched-upload": "upload", "patched-none": "none"}
-ARMS = ("upstream", "pre-697", *SHIM_ARMS, *PATCHED_ARMS)
-PROTECTED = ("upstream", "auto", "upload", "warm", "deferred", "patched", "patched-upload")  # never block, same tokens
+GATE = "gate"  # FREETOKEN_PLE_SYNC=gate; every other arm runs wait-sync
+ARMS = ("upstream", "pre-697", GATE, *SHIM_ARMS, *PATCHED_ARMS)
+PROTECTED = ("auto", "upload", "warm", "deferred", "patched", "patched-upload", GATE)  # never block, same tokens
 NEVER_UPLOADED = ("pre-697", "skip", "patched-none")  # unprotected and never uploaded: the negative control
 
 
@@ -43,6 +46,7 @@ def arm_env(arm: str, patched: str | None = None) -> dict[str, str]:
     """The engine process's environment: the user's, with ``FT_GRAPH_UPLOAD`` set only for shim arms,
     and for patched arms the patched FreeToken (``patched``) first on ``PYTHONPATH`` and its mode."""
     env = {k: v for k, v in os.environ.items() if k not in (config.ENV_MODE, PROTECT_ENV)}
+    env["FREETOKEN_PLE_SYNC"] = "gate" if arm == GATE else "wait"
     if arm in SHIM_ARMS:
         env[config.ENV_MODE] = arm
     elif arm in PATCHED_ARMS:
@@ -67,7 +71,7 @@ def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, la
     label = label or arm
     spec = {"model_dir": model_dir, "engine": ENGINE, "prompts": prompts(), "tokens": opts.tokens,
             "replays": opts.replays, "watchdog_s": opts.watchdog, "hang_timeout_s": opts.hang_timeout,
-            "no_upload": arm == "pre-697"}
+            "no_upload": arm == "pre-697", "ple_sync": "gate" if arm == GATE else "wait"}
     spec_path = os.path.join(log_dir, f"{label}.spec.json")
     with open(spec_path, "w") as fh:
         json.dump(spec, fh)
@@ -92,12 +96,16 @@ def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, la
 def arm_problems(arm: str, r: dict[str, Any]) -> list[str]:
     """What makes this arm's run no proof of anything, whatever its figures say."""
     out = []
-    if not (r["wait_sync"] and (not r["fill_worker"] or r.get("freetoken_patched"))):  # patched: first launches only
+    if arm == GATE:
+        if r["wait_sync"] or r["captured_waits"] or r["steps"]["graph"] == 0:
+            out.append(f"the gate arm did not decode on graphs without a WAIT (wait-sync {r['wait_sync']}, "
+                       f"{r['captured_waits']} WAITs, steps {r['steps']})")
+    elif not (r["wait_sync"] and (not r["fill_worker"] or r.get("freetoken_patched"))):  # patched: first launches only
         out.append(f"PLE table {r['table']} is not in CUDA wait-sync mode: no WAIT to protect")
+    elif r["captured_waits"] < len(r["graph_bs"]) or r["steps"]["graph"] == 0:
+        out.append(f"decode did not run on graphs holding the WAIT ({r['captured_waits']} WAITs, steps {r['steps']})")
     if "replay_error" in r:
         out.append(f"timing the graphs' replays failed: {r['replay_error']}")
-    if r["captured_waits"] < len(r["graph_bs"]) or r["steps"]["graph"] == 0:
-        out.append(f"decode did not run on graphs holding the WAIT ({r['captured_waits']} WAITs, steps {r['steps']})")
     shim = r["shim"]
     if arm in PATCHED_ARMS:
         if not r.get("freetoken_patched") or r.get("freetoken_graph_protect") != PATCHED_ARMS[arm]:
@@ -178,17 +186,26 @@ def ratio(arm: dict[str, dict[str, float]], base: dict[str, dict[str, float]]) -
     return statistics.fmean(pairs) if pairs else math.nan
 
 
+def upstream_protects(runs: dict[str, list[dict[str, Any]]]) -> bool:
+    """Whether the FreeToken under test protects its graphs itself (0.2.x's ``_upload_graph``; 0.1.3
+    has none, so there upstream is one more negative control and gate's tokens are the reference)."""
+    return any(r.get("freetoken_uploads", True) for rs in runs.values() for r in rs if "error" not in r)
+
+
 def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per arm, pooled over rounds; GPU times compared with the never-uploaded arm."""
     out: dict[str, Any] = {}
-    upstream = {r["token_hash"] for r in runs.get("upstream", []) if "error" not in r}
+    reference = "upstream" if upstream_protects(runs) else GATE
+    expected = {r["token_hash"] for r in runs.get(reference, []) if "error" not in r}
     for arm, rs in runs.items():
         good = [r for r in rs if "error" not in r]
         out[arm] = {
+            "protected": arm in PROTECTED or (arm == "upstream" and reference == "upstream"),
             "errors": [r["error"] for r in rs if "error" in r] + [p for r in good for p in r["problems"]],
             "fires": sum(len(r["fires"]) for r in good),
             "hashes": sorted({r["token_hash"] for r in good}),
-            "same_tokens_as_upstream": bool(upstream) and {r["token_hash"] for r in good} == upstream,
+            "reference": reference,
+            "same_tokens_as_reference": bool(expected) and {r["token_hash"] for r in good} == expected,
             "first_launch_ms": {bs: max(r["first_launch_ms"][bs] for r in good) for bs in
                                 (good[0]["first_launch_ms"] if good else {})},
             "upload_ms_per_graph": median([u for r in good for u in r["upload_ms"]]),
@@ -197,7 +214,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "step_host_ms": pooled(good, "step_host_ms"),
             "replay_gpu_ms": pooled(good, "replay_gpu_ms"),
         }
-    base = next((out[a] for a in NEVER_UPLOADED if a in out), None)
+    base = next((out[a] for a in (*NEVER_UPLOADED, "upstream") if a in out and not out[a]["protected"]), None)
     for rec in out.values():
         for key in ("step_gpu_ms", "replay_gpu_ms"):
             rec[key.replace("_ms", "_vs_never_uploaded")] = ratio(rec[key], base[key]) if base else math.nan
@@ -205,14 +222,19 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def failures(record: dict[str, Any]) -> list[str]:
-    """The safety targets: every protected arm ran cleanly, never blocked, and matched upstream's tokens."""
+    """The safety targets: every protected arm ran cleanly, never blocked, and matched the reference's
+    tokens (upstream's, or gate's on a FreeToken that does not upload)."""
     out = []
     for arm, s in record["summary"].items():
         out += [f"{arm}: {e}" for e in s["errors"]]
-        if arm in PROTECTED and s["fires"]:
+        if s["protected"] and s["fires"]:
             out.append(f"{arm}: the watchdog released {s['fires']} blocked launch(es)")
-        if arm in PROTECTED and arm != "upstream" and not s["same_tokens_as_upstream"]:
-            out.append(f"{arm}: tokens {s['hashes']} differ from upstream's")
+        if s["protected"] and arm != s["reference"] and not s["same_tokens_as_reference"]:
+            if s["reference"] in record["summary"]:
+                out.append(f"{arm}: tokens {s['hashes']} differ from {s['reference']}'s")
+            else:
+                out.append(f"{arm}: no {s['reference']} arm to compare tokens with (this FreeToken uploads no "
+                           f"graph, so upstream is unprotected: add --arms {GATE})")
     return out
 
 
@@ -222,7 +244,8 @@ def render(record: dict[str, Any]) -> str:
     ft = first.get("freetoken", "?") + (f"; patched arms: patches/ applied, {PROTECT_ENV}=<mode>"
                                         if any(arm in PATCHED_ARMS for arm in summary) else "")
     lines = [f"{env['gpu']} | driver {env['driver']} | torch {env['torch']} | freetoken {ft} | {env['date']}",
-             f"real engine, synthetic qwen4_exp, {record['layers']} layers, disk PLE wait-sync, graphs bs 2 and 1, "
+             f"real engine, synthetic qwen4_exp, {record['layers']} layers, disk PLE wait-sync (gate arm: "
+             "launch-gating), graphs bs 2 and 1, "
              f"3 requests x {record['tokens']} tokens, {record['rounds']} round(s). Per bs (2, 1): decode step GPU ms "
              "(CUDA events around forward_batch, warm graph steps; host-bound) and graph replay GPU ms (the "
              "engine's graphs alone, after the run); ratios to the never-uploaded arm",
@@ -232,18 +255,19 @@ def render(record: dict[str, Any]) -> str:
     for arm, s in summary.items():
         step = " | ".join(f"{q['median']:.4f} [{q['p25']:.4f}-{q['p75']:.4f}]" for q in s["step_gpu_ms"].values())
         replay = " | ".join(f"{q['median']:.4f}" for q in s["replay_gpu_ms"].values())
-        tokens = ",".join(s["hashes"]) + ("" if arm == "upstream" or s["same_tokens_as_upstream"] else " DIFF")
+        tokens = ",".join(s["hashes"]) + ("" if arm == s["reference"] or s["same_tokens_as_reference"] else " DIFF")
         lines.append(f"{arm:14} {s['fires']:>5} {fmt_ms(s['first_launch_ms']):>15} {s['upload_ms_per_graph']:>15.2f} "
                      f"{s['capture_ms']:>10.1f} {step:>40} {s['step_gpu_vs_never_uploaded']:>7.4f} {replay:>26} "
                      f"{s['replay_gpu_vs_never_uploaded']:>7.4f} {tokens:>17}")
         lines += [f"{'':15}! {e}" for e in s["errors"]]
-    controls = [a for a in NEVER_UPLOADED if a in summary]
+    controls = [a for a, s in summary.items() if not s["protected"]]
     if controls:
         lines.append("negative control (never uploaded): " + ", ".join(
             f"{a} {'BLOCKED (watchdog fired)' if summary[a]['fires'] else 'never blocked at this size'}"
             for a in controls))
     bad = failures(record)
-    lines.append("safety: " + ("every protected arm: no blocked launch, upstream's tokens" if not bad else
+    reference = next(iter(summary.values()), {}).get("reference", "upstream")
+    lines.append("safety: " + (f"every protected arm: no blocked launch, {reference}'s tokens" if not bad else
                                "FAILED: " + "; ".join(bad)))
     return "\n".join(lines)
 
@@ -254,8 +278,8 @@ def add_arguments(group: Any) -> None:
     group.add_argument("--layers", type=int, nargs="+", default=[48], help="model sizes (default 48)")
     group.add_argument("--tokens", type=positive, default=64, help="greedy tokens per request (default 64)")
     group.add_argument("--arms", nargs="+", default=[a for a in ARMS if a not in PATCHED_ARMS], choices=ARMS,
-                       help="arms (default: upstream, pre-697 and every shim mode; add patched, patched-upload, "
-                            "patched-none for the patch series)")
+                       help="arms (default: upstream, pre-697, gate and every shim mode; add patched, "
+                            "patched-upload, patched-none for the patch series)")
     group.add_argument("--rounds", type=positive, default=1, help="runs of every arm, in rotated order (default 1)")
     group.add_argument("--replays", type=positive, default=200, help="timed replays per engine graph (default 200)")
     group.add_argument("--no-warmup", dest="warmup", action="store_false",
