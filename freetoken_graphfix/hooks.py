@@ -321,11 +321,12 @@ def _decide_after_capture(runner: Any, capture: CapturePass) -> None:
     """0.1.3: no per-graph seam, so every graph of the pass is decided once the loop is done, in
     capture order, from the WAITs enqueued while it was captured."""
     graphs = sorted(getattr(runner, "graph_map", {}).items(), key=lambda kv: -kv[0])
+    upload = _upload_function()
     replayed = False
     for bs, graph in graphs:
         waits = _state.recorder.take(graph)
         action = _protect(graph, runner.stream, waits, f"bs={bs}", capture,
-                          lambda graph=graph: _state.device.upload(graph, runner.stream))
+                          lambda graph=graph: upload(graph, runner.stream))
         replayed |= action is Action.WARM
     if replayed:  # a warm replay ran the graph's MoE-offload copies: reset as the loop itself does
         reset = getattr(runner, "_reset_moe_offload_cache", None)
