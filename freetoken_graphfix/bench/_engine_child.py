@@ -88,7 +88,6 @@ def time_replays(runner, stream, flag, reps: int, release) -> dict[str, list[flo
 def main(spec_path: str) -> None:
     with open(spec_path) as fh:
         spec = json.load(fh)
-    os.environ["FREETOKEN_PLE_SYNC"] = spec["ple_sync"]  # read by DiskRowTable.__init__ inside Engine.__init__
     faulthandler.dump_traceback_later(spec["hang_timeout_s"], exit=True)  # never hang the bench
 
     import freetoken.engine.graph as graph_mod

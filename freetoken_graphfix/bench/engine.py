@@ -43,8 +43,10 @@ NEVER_UPLOADED = ("pre-697", "skip", "patched-none")  # unprotected and never up
 
 
 def arm_env(arm: str, patched: str | None = None) -> dict[str, str]:
-    """The engine process's environment: the user's, with ``FT_GRAPH_UPLOAD`` set only for shim arms,
-    and for patched arms the patched FreeToken (``patched``) first on ``PYTHONPATH`` and its mode."""
+    """The engine (or server) process's environment: the user's, with ``FREETOKEN_PLE_SYNC`` set to
+    wait-sync (gate for the gate arm: the WAIT must be in every other arm's graphs, whatever the user
+    set), ``FT_GRAPH_UPLOAD`` only for shim arms, and for patched arms the patched FreeToken
+    (``patched``) first on ``PYTHONPATH`` and its mode."""
     env = {k: v for k, v in os.environ.items() if k not in (config.ENV_MODE, PROTECT_ENV)}
     env["FREETOKEN_PLE_SYNC"] = "gate" if arm == GATE else "wait"
     if arm in SHIM_ARMS:
@@ -71,7 +73,7 @@ def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, la
     label = label or arm
     spec = {"model_dir": model_dir, "engine": ENGINE, "prompts": prompts(), "tokens": opts.tokens,
             "replays": opts.replays, "watchdog_s": opts.watchdog, "hang_timeout_s": opts.hang_timeout,
-            "no_upload": arm == "pre-697", "ple_sync": "gate" if arm == GATE else "wait"}
+            "no_upload": arm == "pre-697"}
     spec_path = os.path.join(log_dir, f"{label}.spec.json")
     with open(spec_path, "w") as fh:
         json.dump(spec, fh)

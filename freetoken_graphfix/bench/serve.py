@@ -67,8 +67,7 @@ def free_port() -> int:
 
 def start(arm: str, model_dir: str, log_path: str, patched: str | None) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    env = arm_env(arm, patched)
-    env["FREETOKEN_PLE_SYNC"] = "wait"  # the default backend's wait-sync mode: the WAIT is in every decode graph
+    env = arm_env(arm, patched)  # FREETOKEN_PLE_SYNC=wait: the WAIT is in every decode graph
     cmd = [sys.executable, "-m", "freetoken.cli", "serve", "--model", model_dir, "--host", "127.0.0.1",
            "--port", str(port), *SERVE_ARGS]
     with open(log_path, "w") as log:
