@@ -351,8 +351,7 @@ def patched_copy(dest: Path) -> Path:
     copy = Target(dest, 2, f"patched copy of FreeToken at {dest}", package_only=True)
     if not (dest / "freetoken").is_dir():
         shutil.copytree(site.root / "freetoken", dest / "freetoken", ignore=shutil.ignore_patterns("__pycache__"))
-    if state(copy) == "not applied":
-        apply(copy)
+    apply(copy)  # a copy already patched is left as it is
     return dest
 
 
