@@ -9,33 +9,66 @@ import pytest
 from freetoken_graphfix.bench import cli, common, cupti, replay, report, stats
 
 
-def trace(tmp_path, launches, kernels):
-    """``kernels`` per launch: (stream, start offset µs, duration µs); launches 100 µs apart."""
-    events = [{"cat": "cpu_op", "ts": 0.0}]
+def trace(tmp_path, launches, kernels, others=()):
+    """Kineto's chrome trace of ``launches`` graph launches 100 µs apart: each runs ``kernels``
+    (stream, start offset µs, duration µs) under its own correlation id, as CUPTI reports a graph
+    launch; ``others`` (offset, duration) are ordinary kernels after each launch, one id each."""
+    events, corr = [{"cat": "cpu_op", "ts": 0.0}], 0
     for i, _ in enumerate(launches):
-        events += [{"cat": "kernel", "ts": 100.0 * i + off, "dur": dur, "args": {"stream": s}}
+        corr += 1
+        events += [{"cat": "kernel", "ts": 100.0 * i + off, "dur": dur, "args": {"stream": s, "correlation": corr}}
                    for s, off, dur in kernels]
+        for off, dur in others:
+            corr += 1
+            events.append({"cat": "kernel", "ts": 100.0 * i + off, "dur": dur,
+                           "args": {"stream": 3, "correlation": corr}})
     path = tmp_path / "trace.json"
     path.write_text(json.dumps({"traceEvents": events}))
     return str(path)
 
 
-def test_kernel_gaps_per_stream_dropping_each_arms_first_replay(tmp_path):
-    kernels = [(7, 0.0, 1.0), (7, 1.5, 1.0), (9, 0.2, 2.0), (7, 3.25, 0.5)]  # stream 7 gaps 0.5, 0.75
+# a graph of 4 kernels: stream 7 (ranked s1, most kernels) with gaps 0.5 and 0.75 µs, stream 9 one kernel
+GRAPH = [(7, 0.0, 1.0), (7, 1.5, 1.0), (9, 0.2, 2.0), (7, 3.25, 0.5)]
+
+
+def test_kernel_gaps_per_ranked_stream_dropping_each_arms_first_replay(tmp_path):
     launches = ["a", "b", "a", "b"]
-    gaps, note = cupti.kernel_gaps(trace(tmp_path, launches, kernels), launches, {"a", "b"})
-    assert note == "16 kernel records for 4 launches, 4 per launch"
-    assert gaps == {"a": {"7": [0.5, 0.75], "9": []}, "b": {"7": [0.5, 0.75], "9": []}}
+    gaps, note = cupti.kernel_gaps(trace(tmp_path, launches, GRAPH, others=[(50.0, 1.0)]), launches, {"a", "b"})
+    assert note == "20 kernel records, 4 graph launches for 4 replays"
+    assert gaps == {"a": {"s1": [0.5, 0.75], "s2": []}, "b": {"s1": [0.5, 0.75], "s2": []}}
 
 
-def test_kernel_gaps_refuses_a_trace_that_does_not_split(tmp_path):
+def test_kernel_gaps_refuses_a_trace_that_lost_launches(tmp_path):
     launches = ["a", "b", "a"]
-    path = trace(tmp_path, launches, [(7, 0.0, 1.0), (7, 2.0, 1.0)])
-    gaps, note = cupti.kernel_gaps(path, launches + ["b"], set())
-    assert gaps == {} and note.endswith("not an equal number per launch, gaps not reported")
-    overlapping = trace(tmp_path, launches, [(7, 0.0, 150.0)])
-    gaps, note = cupti.kernel_gaps(overlapping, launches, set())
-    assert gaps == {} and "overlap" in note
+    gaps, note = cupti.kernel_gaps(trace(tmp_path, launches, GRAPH), launches + ["b"], set())
+    assert gaps == {} and note == "12 kernel records, 3 graph launches for 4 replays: gaps not reported"
+
+
+def test_streams_are_ranked_alike_whatever_their_ids():
+    """CUPTI gives a graph's branches new stream ids in every launch: rank 1 is the busiest stream."""
+    one = [{"ts": t, "dur": 1.0, "args": {"stream": s}} for s, t in ((40, 0.0), (41, 0.5), (40, 2.0))]
+    two = [{"ts": t, "dur": 1.0, "args": {"stream": s}} for s, t in ((7, 0.0), (3, 0.5), (7, 3.0))]
+    assert cupti.stream_gaps(one) == [[1.0], []] and cupti.stream_gaps(two) == [[2.0], []]
+    assert cupti.pooled_gaps([one, two]) == {"s1": [1.0, 2.0], "s2": []}
+
+
+def test_busy_time_is_the_union_of_kernel_intervals():
+    ks = [{"ts": 0.0, "dur": 2.0}, {"ts": 1.0, "dur": 2.0}, {"ts": 5.0, "dur": 1.0}, {"ts": 5.2, "dur": 0.3}]
+    assert cupti.busy_us(ks) == pytest.approx(4.0)
+
+
+def test_decode_timeline_per_bs(tmp_path):
+    """Two bs-2 launches then three bs-1 launches; each bs's first is left out, a step runs to the next
+    launch of its bs, and the last launch has none."""
+    bs = [2, 2, 1, 1, 1]
+    path = trace(tmp_path, bs, GRAPH, others=[(50.0, 1.0), (60.0, 1.0)])
+    t = cupti.decode_timeline(path, bs)
+    assert t["note"] == "30 kernel records, 5 graph launches"
+    assert t["2"] == {"launches": 1, "graph_kernels": 4, "step_kernels": None, "busy_us": None, "streams": 2,
+                      "gap_us": {"s1": {"median": 0.625, "n": 2}}}
+    assert t["1"]["launches"] == 2 and t["1"]["step_kernels"] == 6 and t["1"]["busy_us"] == pytest.approx(5.0)
+    lost = cupti.decode_timeline(path, bs + [1])
+    assert list(lost) == ["note"] and "5 graph launches in the trace for the 6" in lost["note"]
 
 
 def test_summary():
@@ -64,7 +97,8 @@ def record(skip_instances, auto_instances, upload_instances=None):
         n = len(per_instance)
         return {"capture_s": [0.1] * n, "graphs": {"bs=1": {"action": [action] * n, "hook_ms": [0.1] * n}},
                 "first_launch": {"1": {"launch_ms": [2.0] * n, "blocked": [blocked] * n}},
-                "replay_us": {"1": per_instance}, "logits_equal_upload": True, "gaps_us": {"7": [0.3, 0.4]}}
+                "replay_us": {"1": per_instance}, "logits_equal_upload": True,
+                "gaps_us": {"s1": [0.3, 0.4], "s2": [0.5], "s3": []}}
 
     return {"env": {"gpu": "GPU", "driver": "1", "torch": "2", "freetoken": "0.2.1", "date": "today"},
             "config": {"kernels": 10, "streams": 2, "no_wait": False, "h2d": False, "batch_sizes": [1],
@@ -81,7 +115,7 @@ def test_rows_pool_instances_and_report_their_spread():
     assert (auto["ratio_skip"], auto["instance_spread"], auto["actions"]) == (1.0, 0.0, ["deferred"])
     text = report.render(rec)
     assert "2 graph instances per strategy" in text and "BLOCKED 2/2" in text
-    assert "1.98%" in text and "0.350 (1 streams)" in text
+    assert "1.98%" in text and "0.35/0.50" in text
     assert auto["ratio_se"] == pytest.approx(1 / 101)  # skip's instance medians 100 and 102: sd 1.41, se 1
     assert "verdict: needs the upload and skip strategies" in text
 

@@ -1,6 +1,14 @@
-"""Inter-kernel gaps per stream from CUPTI kernel records, traced in a child process.
+"""The kernel timeline of graph launches, from CUPTI kernel records (Kineto's chrome trace).
 
-CUPTI is never initialised in the timed process: it slows and spreads every replay there.
+CUPTI gives every kernel a graph launch runs the correlation id of that ``cudaGraphLaunch``, so the
+kernel records of one launch are the records sharing a correlation id (an ordinary launch has one
+kernel per id). A graph's parallel branches run on streams of their own, whose ids differ from
+launch to launch: within a launch the streams are ranked (most kernels first, then first to start)
+and figures are pooled per rank, so "s1" is the same branch in every launch.
+
+CUPTI is never initialised in a timed process: it slows and spreads every replay there. The traces
+come from child processes that initialise it before they capture (PyTorch #75504: kernels of
+graphs captured earlier go untraced).
 """
 
 from __future__ import annotations
@@ -8,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -16,41 +25,115 @@ from typing import Any
 from .common import last_stderr_line, rotated
 
 
-def kernel_gaps(trace_file: str, launches: list[str],
-                skip_first: set[str]) -> tuple[dict[str, dict[str, list[float]]], str]:
-    """Per arm and stream, the gaps (µs) between consecutive kernels of one replay, from Kineto's trace.
-
-    Every launch replays the same graph body and was synchronised before the next, so the kernel
-    records, in start order, fall into ``len(launches)`` equal chunks, one per launch, in
-    ``launches`` order (an arm name per launch); the chunking is checked against the timeline.
-    Each arm's first traced replay is dropped (the profiler loses events at session start).
-    Returns the gaps ({} when the trace does not split that way) and a note on what it held.
-    """
+def kernel_records(trace_file: str) -> list[dict[str, Any]]:
     with open(trace_file) as fh:
         events = [e for e in json.load(fh)["traceEvents"] if e.get("cat") == "kernel"]
-    events.sort(key=lambda e: float(e["ts"]))
-    per_launch, extra = divmod(len(events), max(1, len(launches)))
-    note = f"{len(events)} kernel records for {len(launches)} launches"
-    if extra or not per_launch:
-        return {}, note + ": not an equal number per launch, gaps not reported"
-    chunks = [events[i * per_launch:(i + 1) * per_launch] for i in range(len(launches))]
-    for before, after in zip(chunks, chunks[1:], strict=False):
-        if max(float(e["ts"]) + float(e.get("dur", 0)) for e in before) > float(after[0]["ts"]):
-            return {}, note + ": launches overlap in the trace, gaps not reported"
+    return sorted(events, key=lambda e: float(e["ts"]))
+
+
+def graph_launches(kernels: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The kernels of each graph launch (a correlation id shared by several kernels), in launch order."""
+    by_launch: dict[Any, list[dict[str, Any]]] = {}
+    for e in kernels:
+        by_launch.setdefault(e.get("args", {}).get("correlation"), []).append(e)
+    groups = [ks for corr, ks in by_launch.items() if corr is not None and len(ks) > 1]
+    return sorted(groups, key=lambda ks: float(ks[0]["ts"]))
+
+
+def _end(e: dict[str, Any]) -> float:
+    return float(e["ts"]) + float(e.get("dur", 0))
+
+
+def streams(launch: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The launch's kernels per stream, ranked: most kernels first, then the first to start."""
+    per: dict[str, list[dict[str, Any]]] = {}
+    for e in launch:
+        per.setdefault(str(e.get("args", {}).get("stream", e.get("tid"))), []).append(e)
+    return sorted(per.values(), key=lambda ks: (-len(ks), float(ks[0]["ts"])))
+
+
+def stream_gaps(launch: list[dict[str, Any]]) -> list[list[float]]:
+    """Per ranked stream, the gaps (µs) between consecutive kernels of one launch."""
+    return [[float(b["ts"]) - _end(a) for a, b in zip(ks, ks[1:], strict=False)] for ks in streams(launch)]
+
+
+def busy_us(kernels: list[dict[str, Any]]) -> float:
+    """Time (µs) at least one of ``kernels`` runs: the union of their intervals."""
+    total, until = 0.0, float("-inf")
+    for e in sorted(kernels, key=lambda e: float(e["ts"])):
+        start, end = float(e["ts"]), _end(e)
+        if end > until:
+            total += end - max(start, until)
+            until = end
+    return total
+
+
+def pooled_gaps(launches: list[list[dict[str, Any]]]) -> dict[str, list[float]]:
+    """Gaps per stream rank (``s1``, ``s2``, ...), pooled over ``launches``."""
+    out: dict[str, list[float]] = {}
+    for launch in launches:
+        for rank, gaps in enumerate(stream_gaps(launch), 1):
+            out.setdefault(f"s{rank}", []).extend(gaps)
+    return out
+
+
+def decode_timeline(trace_file: str, launch_bs: list[int]) -> dict[str, Any]:
+    """#775's kernel-timeline figures of a traced decode run, per batch size: kernels per decode step
+    and the graph's share of them, GPU busy µs per step (union of kernel intervals), streams the graph
+    uses and the median gap per stream. ``launch_bs`` is the bs of each graph launch the run made, in
+    order (the engine's record); each bs's first launch is left out (first launches are their own
+    figure). A step runs from its graph's first kernel to the next launch of the same bs; a launch
+    followed by another bs's (a prefill between) or by none is left out of the per-step figures."""
+    kernels = kernel_records(trace_file)
+    launches = graph_launches(kernels)
+    if len(launches) != len(launch_bs):
+        return {"note": f"{len(launches)} graph launches in the trace for the {len(launch_bs)} the engine made: "
+                        "not reported"}
+    starts = [float(ks[0]["ts"]) for ks in launches]
+    per_bs: dict[str, dict[str, list[Any]]] = {}
+    seen: set[int] = set()
+    for i, (bs, launch) in enumerate(zip(launch_bs, launches, strict=True)):
+        if bs not in seen:
+            seen.add(bs)
+            continue
+        rec = per_bs.setdefault(str(bs), {"launches": [], "steps": []})
+        rec["launches"].append(launch)
+        if i + 1 < len(launches) and launch_bs[i + 1] == bs:
+            rec["steps"].append([e for e in kernels if starts[i] <= float(e["ts"]) < starts[i + 1]])
+    out: dict[str, Any] = {"note": f"{len(kernels)} kernel records, {len(launches)} graph launches"}
+    for bs, rec in sorted(per_bs.items(), key=lambda kv: -int(kv[0])):
+        gaps = pooled_gaps(rec["launches"])
+        out[bs] = {
+            "launches": len(rec["launches"]),
+            "graph_kernels": statistics.median(len(ks) for ks in rec["launches"]),
+            "step_kernels": statistics.median(len(ks) for ks in rec["steps"]) if rec["steps"] else None,
+            "busy_us": statistics.median(busy_us(ks) for ks in rec["steps"]) if rec["steps"] else None,
+            "streams": statistics.median(len(streams(ks)) for ks in rec["launches"]),
+            "gap_us": {s: {"median": statistics.median(g), "n": len(g)} for s, g in gaps.items() if g},
+        }
+    return out
+
+
+def kernel_gaps(trace_file: str, launches: list[str],
+                skip_first: set[str]) -> tuple[dict[str, dict[str, list[float]]], str]:
+    """Per arm and ranked stream, the gaps (µs) between consecutive kernels of one replay, from
+    Kineto's trace. ``launches`` names the arm of each graph launch, in order; each arm's first
+    traced replay is dropped (the profiler loses events at session start). Returns the gaps ({} when
+    the trace does not hold one group of kernels per launch) and a note on what it held."""
+    kernels = kernel_records(trace_file)
+    groups = graph_launches(kernels)
+    note = f"{len(kernels)} kernel records, {len(groups)} graph launches for {len(launches)} replays"
+    if len(groups) != len(launches):
+        return {}, note + ": gaps not reported"
     gaps: dict[str, dict[str, list[float]]] = {}
     seen: set[str] = set()
-    for arm, chunk in zip(launches, chunks, strict=True):
+    for arm, launch in zip(launches, groups, strict=True):
         if arm in skip_first and arm not in seen:
             seen.add(arm)
             continue
-        per_stream: dict[str, list[dict]] = {}
-        for e in chunk:
-            per_stream.setdefault(str(e.get("args", {}).get("stream", e.get("tid"))), []).append(e)
-        for stream, ks in sorted(per_stream.items()):
-            out = gaps.setdefault(arm, {}).setdefault(stream, [])
-            out.extend(float(b["ts"]) - (float(a["ts"]) + float(a.get("dur", 0)))
-                       for a, b in zip(ks, ks[1:], strict=False))
-    return gaps, note + f", {per_launch} per launch"
+        for rank, values in pooled_gaps([launch]).items():
+            gaps.setdefault(arm, {}).setdefault(rank, []).extend(values)
+    return gaps, note
 
 
 def gaps_from_child(opts: argparse.Namespace) -> tuple[dict[str, Any], str]:
