@@ -1,10 +1,9 @@
 """``bench --serve`` on CPU: the synthetic model's tokenizer through FreeToken's own loader, option
 errors, stopping a server's process group, and the verdicts drawn from serve results. The servers
-themselves run on the GPU (tests/test_engine_gpu.py)."""
+themselves run on the GPU (tests/test_serve_gpu.py)."""
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import textwrap
@@ -12,7 +11,7 @@ import time
 
 import pytest
 
-from freetoken_graphfix.bench import model, serve
+from freetoken_graphfix.bench import model, serve, workload
 
 
 @pytest.fixture(scope="module")
@@ -23,33 +22,25 @@ def model_dir(tmp_path_factory):
 
 
 def test_text_prompts_round_trip_through_freetokens_tokenizer(model_dir):
-    """FreeToken's load_tokenizer builds a Qwen3.5 BPE tokenizer from qwen4_exp's config: without
-    every word declared an added token, a 40-word prompt became 0 or 1 token."""
-    from freetoken.utils.hf import load_tokenizer
-
-    tok = load_tokenizer(model_dir)
-    for text in serve.prompts().values():
-        ids = tok.encode(text, add_special_tokens=False)
-        assert ids == serve.token_ids(text) and len(ids) == 40
-        assert serve.token_ids(tok.decode(ids)) == ids
-
-
-def opts(**over):
-    base = dict(layers=[320], tokens=8, serve_arms=["upstream"], ready_timeout=10.0, request_timeout=5.0,
-                logs=None, json=None, jobs=1)
-    base.update(over)
-    return argparse.Namespace(**base)
+    """FreeToken's load_tokenizer builds a Qwen3.5 tokenizer from qwen4_exp's config, not the
+    tokenizer.json's own class: the copy prompt must still reach the server as text that decodes to
+    itself, the same length in tokens within the repeats' seams."""
+    tok = workload.load_tokenizer(model_dir)
+    assert type(tok).__name__ == "Qwen3_5Tokenizer"
+    for prompt in workload.build(tok, 512, workload.read_text(None)).values():
+        ids = tok.encode(prompt.text, add_special_tokens=False)
+        assert tok.decode(ids) == prompt.text and abs(len(ids) - 512) <= 4
 
 
-@pytest.mark.parametrize("over, message", [
-    ({"layers": [2]}, "bench --serve: --layers: layers=2: need at least 4 (a QSA layer is every 4th, the PLE "
-                      "layer is 1)"),
-    ({"request_timeout": 0.0}, "bench --serve: --request-timeout 0.0: accepted values are seconds above 0"),
-    ({"ready_timeout": -1.0}, "bench --serve: --ready-timeout -1.0: accepted values are seconds above 0"),
+@pytest.mark.parametrize("args, message", [
+    (["--layers", "2"], "layers=2: need at least 4 (a QSA layer is every 4th, the PLE layer is 1)"),
+    (["--request-timeout", "0"], "argument --request-timeout: '0': accepted values are seconds above 0"),
+    (["--ready-timeout", "-1"], "argument --ready-timeout: '-1': accepted values are seconds above 0"),
 ])
-def test_bad_options_are_named(capsys, over, message):
-    assert serve.main(opts(**over)) == 1
-    assert capsys.readouterr().err.strip() == message
+def test_bad_options_are_named(capfd, args, message):
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--serve", *args],
+                         capture_output=True, text=True)
+    assert out.returncode in (1, 2) and message in out.stderr.strip().splitlines()[-1]
 
 
 def test_bad_arm_is_refused_by_the_parser():
@@ -62,6 +53,8 @@ SERVER = textwrap.dedent("""
     import os, signal, sys, time
     if sys.argv[1] == "stubborn":
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a scheduler stuck in a graph launch
+    else:  # a server's own handling, whatever this test run inherited (a background job ignores SIGINT)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.fork() == 0:  # a worker in the server's group
         if sys.argv[1] == "stubborn":
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -81,7 +74,7 @@ def test_stop_ends_the_whole_group(tmp_path, kind, stopped_by):
     assert proc.stdout.readline().strip() == "up"
     time.sleep(0.2)
     assert len(serve.group_members(proc.pid)) == 2
-    result = serve.stop(proc, grace_s=1.0)
+    result = serve.stop(proc, grace_s=5.0 if kind == "polite" else 1.0)
     assert result["stopped_by"].startswith(stopped_by) and result["outlived"] == result["stragglers"] == []
     assert serve.group_members(proc.pid) == []
 
@@ -95,31 +88,32 @@ def test_capture_passes_are_read_from_the_server_log(tmp_path):
                                               (12, "capture pass 1: 2 graphs: 2 deferred (PLE wait-sync)")]
 
 
-def req(phase, round_, bs, name, tokens, hung=False):
-    return {"phase": phase, "round": round_, "bs": bs, "name": name, "hung": hung, "tokens": tokens,
-            "ttft_ms": 20.0, "itl_ms": [10.0, 12.0, 11.0]}
+def req(phase, round_, bs, name, text, hung=False):
+    return {"phase": phase, "round": round_, "bs": bs, "name": name, "hung": hung, "text": text,
+            "chunks": len(text), "ttft_ms": 20.0, "itl_ms": [10.0, 12.0, 11.0]}
 
 
-def arm(name, single=(1, 2, 3), hung=False, passes=2, outlived=()):
+def arm(name, single="abc", hung=False, passes=2, outlived=(), line="2 deferred (PLE wait-sync)"):
     requests = []
     for phase in ("before", "after"):
         for round_ in ("first", "steady"):
-            requests += [req(phase, round_, 1, "single", list(single)), req(phase, round_, 2, "left", [4, 5]),
-                         req(phase, round_, 2, "right", [6, 7])]
+            requests += [req(phase, round_, 1, "single", single), req(phase, round_, 2, "left", "de"),
+                         req(phase, round_, 2, "right", "fg")]
     if hung:
-        requests = [req("before", "first", 1, "single", [], hung=True)]
+        requests = [req("before", "first", 1, "single", "", hung=True)]
     rec = {"arm": name, "requests": requests, "hung": int(hung), "ready_s": 30.0, "stopped_by": "SIGINT",
-           "outlived": list(outlived), "passes": [(12, f"capture pass {i}: ...") for i in range(passes)]}
+           "outlived": list(outlived), "passes": [(12, f"capture pass {i}: 2 graphs: {line}") for i in range(passes)]}
     if not hung:
         rec["rebuild"] = {"status": "ok"}
     return rec
 
 
-def record(*arms):
+def record(*arms, expects_wait=True):
     runs = {a["arm"]: a for a in arms}
-    return {"layers": 320, "tokens": 8, "jobs": 1, "runs": runs,
-            "env": {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"},
-            "problems": {n: serve.problems(a, runs.get("upstream")) for n, a in runs.items()}}
+    wait_case = serve.wait_case_of(runs, expects_wait)
+    return {"model": "synthetic", "label": "320 layers", "ft_args": [], "context": 512, "decode_steps": 8, "jobs": 1,
+            "runs": runs, "env": {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"}, "wait_case": wait_case,
+            "problems": {n: serve.problems(a, runs.get("upstream"), wait_case) for n, a in runs.items()}}
 
 
 def test_verdicts():
@@ -127,9 +121,9 @@ def test_verdicts():
     assert all(p == [] for p in good["problems"].values())
     text = serve.render(good)
     assert "safety: every protected arm answered every request" in text and "pair same" in text
-    bad = record(arm("upstream"), arm("auto", single=(9, 9)), arm("warm", passes=1), arm("skip"),
+    bad = record(arm("upstream"), arm("auto", single="xyz"), arm("warm", passes=1), arm("skip"),
                  arm("deferred", outlived=[4242]))
-    assert bad["problems"]["auto"] == ["the single request's tokens differ from upstream's"]
+    assert bad["problems"]["auto"] == ["the single request's text differs from upstream's"]
     assert "expected capture passes 0 and 1 from the scheduler process" in bad["problems"]["warm"][0]
     assert bad["problems"]["skip"] == ["the negative control never hung at this size: it could not have failed"]
     assert bad["problems"]["deferred"] == ["processes outlived the arm: [4242]"]
@@ -144,5 +138,16 @@ def test_verdicts():
 def test_pair_is_compared_with_itself():
     rec = arm("auto")
     assert serve.pair_stable(rec) is True
-    rec["requests"][-1]["tokens"] = [0]
+    rec["requests"][-1]["text"] = "other"
     assert serve.pair_stable(rec) is False
+
+
+def test_without_a_wait_skip_must_answer_like_every_arm():
+    """On a model whose graphs hold no host-released WAIT (the shim's passes say no-op), skip is no
+    negative control: it answers, and a hang would be a failure like any other arm's."""
+    no_op = "2 no-op (no host-released WAIT)"
+    rec = record(arm("upstream", passes=0), arm("auto", line=no_op), arm("skip", line=no_op), expects_wait=True)
+    assert not rec["wait_case"] and all(p == [] for p in rec["problems"].values())
+    assert "every arm must answer" in serve.render(rec) and "negative control" not in serve.render(rec)
+    hung = record(arm("upstream", passes=0), arm("auto", line=no_op), arm("skip", line=no_op, hung=True))
+    assert "0 of 12 requests answered" in hung["problems"]["skip"]
