@@ -58,7 +58,8 @@ def engine(tmp_path_factory):
     (0.1.3 uploads nothing), gate (FreeToken's escape hatch, the token reference) and auto."""
     logs = tmp_path_factory.mktemp("engine-013")
     out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine", "--layers", "320",
-                          "--tokens", "32", "--replays", "20", "--hang-timeout", "150",
+                          "--decode-steps", "32", "--context", "256", "--rounds", "1", "--trace-steps", "0",
+                          "--replays", "20", "--hang-timeout", "150",
                           "--arms", "upstream", "gate", "auto", "--logs", str(logs),
                           "--json", str(logs / "engine.json")],
                          cwd=ROOT, env=env_013(), capture_output=True, text=True, timeout=900)

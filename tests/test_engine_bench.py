@@ -1,10 +1,13 @@
 """``bench --engine`` on CPU: the synthetic model against FreeToken 0.2.1's own loaders, the arms'
-environments, and the verdicts drawn from engine results. The engine runs are in test_engine_gpu."""
+environments, and the verdicts and report drawn from engine results. The engine runs are in
+test_engine_gpu."""
 
 from __future__ import annotations
 
-import copy
+import argparse
+import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -12,7 +15,7 @@ import pytest
 import torch
 
 from freetoken_graphfix import config
-from freetoken_graphfix.bench import engine, model
+from freetoken_graphfix.bench import engine, engine_report, model
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,10 @@ def test_model_dir_loads_through_freetokens_own_readers(model_dir):
     assert got == want  # FTW names, shapes and dtypes are exactly the model's state dict
     sc = built["config"]
     assert {g.name: g.layer_ids for g in sc.model_config.attention_groups}["full"] == (3, 7)
-    assert (sc.attention_backend, sc.moe_strategy, sc.cuda_graph_bs) == ("qsa_sparse", "fused", [1, 2])
+    from freetoken.engine.graph import _determine_cuda_graph_bs
+
+    assert (sc.attention_backend, sc.moe_strategy, sc.ple_backend) == ("qsa_sparse", "fused", "disk")
+    assert _determine_cuda_graph_bs(sc.cuda_graph_bs, sc.cuda_graph_max_bs, 1 << 40) == [1, 2]  # as the engine will
     src = resolve_row_source(folder)  # the disk PLE backend's view of the table
     assert (src.total_rows, src.scale) == (built["rows"] * len(built["shards"]), model.PLE_SCALE)
 
@@ -75,7 +81,8 @@ def result(**over):
          "captured_waits": 2, "steps": {"prefill": 2, "decode": 0, "graph": 90}, "fires": [],
          "first_launch_ms": {"2": 0.4, "1": 0.3}, "capture_ms": [900.0], "upload_ms": [1.0, 0.9],
          "step_gpu_ms": {"2": [3.3, 3.31, 3.29], "1": [3.0, 3.0]}, "replay_gpu_ms": {"2": [1.5, 1.5], "1": [1.2]},
-         "token_hash": "aaaa", "shim": None}
+         "token_hash": "aaaa", "distinct_tokens": 40, "shim": None, "free_mib_after_capture": 9000.0,
+         "first_launch_free_mib": {"2": [9000.0, 8990.0], "1": [8990.0, 8990.0]}}
     r.update(over)
     return r
 
@@ -86,13 +93,13 @@ def shim(mode, action):
 
 
 def test_a_shim_arm_without_the_shim_is_a_problem():
-    problems = engine.arm_problems("auto", result())
+    problems = engine.arm_problems("auto", result(), True)
     assert problems and "did not reach the engine process" in problems[0] and ".pth" in problems[0]
-    assert engine.arm_problems("auto", result(shim=shim("auto", "deferred"))) == []
-    assert "expected action warm" in engine.arm_problems("warm", result(shim=shim("warm", "upload")))[0]
-    assert "leaked" in engine.arm_problems("upstream", result(shim=shim("auto", "deferred")))[0]
-    assert "not in CUDA wait-sync" in engine.arm_problems("upstream", result(wait_sync=False))[0]
-    patched = engine.arm_problems("upstream", result(freetoken_patched=True))
+    assert engine.arm_problems("auto", result(shim=shim("auto", "deferred")), True) == []
+    assert "expected action warm" in engine.arm_problems("warm", result(shim=shim("warm", "upload")), True)[0]
+    assert "leaked" in engine.arm_problems("upstream", result(shim=shim("auto", "deferred")), True)[0]
+    assert "not in CUDA wait-sync" in engine.arm_problems("upstream", result(wait_sync=False), True)[0]
+    patched = engine.arm_problems("upstream", result(freetoken_patched=True), True)
     assert patched and "the installed FreeToken carries the patch series" in patched[0]
 
 
@@ -106,35 +113,38 @@ def test_patched_arms_run_the_patched_copy(monkeypatch):
     with pytest.raises(ValueError, match="needs the patched FreeToken"):
         engine.arm_env("patched-upload")
     good = result(freetoken_patched=True, freetoken_graph_protect="first-launch", fill_worker=True)
-    assert engine.arm_problems("patched", good) == []  # its worker runs first launches only
-    assert "did not run the patched FreeToken in mode upload" in engine.arm_problems("patched-upload", good)[0]
-    assert "did not run the patched FreeToken" in engine.arm_problems("patched", result())[0]
+    assert engine.arm_problems("patched", good, True) == []  # its worker runs first launches only
+    assert "did not run the patched FreeToken in mode upload" in engine.arm_problems("patched-upload", good, True)[0]
+    assert "did not run the patched FreeToken" in engine.arm_problems("patched", result(), True)[0]
 
 
-def record(**arms):
-    runs = {arm: [dict(r, problems=engine.arm_problems(arm, r))] for arm, r in arms.items()}
+def record(expects_wait=True, traced=None, **arms):
+    """An engine record as ``engine_record`` assembles it; each arm one result, or a list (its rounds)."""
+    runs = {arm: [dict(x) for x in (r if isinstance(r, list) else [r])] for arm, r in arms.items()}
     env = {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"}
-    return {"layers": 320, "tokens": 32, "rounds": 1, "env": env, "runs": runs,
-            "summary": engine.summarise(runs)}
+    return {"model": "a model", "label": "320 layers", "layers": 320, "ft_args": [], "context": 4096,
+            "decode_steps": 200, "rounds": len(next(iter(runs.values()))), "env": env,
+            "expects_wait": expects_wait, "runs": runs, "traced": traced or {}, "command": "python -m ...",
+            **engine.judge(runs, traced or {}, expects_wait)}
 
 
 def test_verdicts():
     clean = record(upstream=result(), **{"pre-697": result(fires=[{"step": 2}], token_hash="bbbb")},
                    auto=result(shim=shim("auto", "deferred")))
     assert engine.failures(clean) == []
-    text = engine.render(clean)
+    text = engine_report.render(clean)
     assert "pre-697 BLOCKED (watchdog fired)" in text and "safety: every protected arm" in text
     blocked = record(upstream=result(), auto=result(shim=shim("auto", "deferred"), fires=[{"step": 2}]))
     assert engine.failures(blocked) == ["auto: the watchdog released 1 blocked launch(es)"]
     drifted = record(upstream=result(), warm=result(shim=shim("warm", "warm"), token_hash="cccc"))
     assert engine.failures(drifted) == ["warm: tokens ['cccc'] differ from upstream's"]
-    assert "FAILED" in engine.render(drifted)
+    assert "FAILED" in engine_report.render(drifted)
     series = dict(freetoken_patched=True, fill_worker=True, upload_ms=[])
     patched = record(upstream=result(), **{
         "patched": result(freetoken_graph_protect="first-launch", **series),
         "patched-none": result(freetoken_graph_protect="none", fires=[{"step": 2}], token_hash="bbbb", **series)})
     assert engine.failures(patched) == []  # patched-none is a negative control: it may block
-    assert "patched arms: patches/ applied, FREETOKEN_GRAPH_PROTECT=<mode>" in engine.render(patched)
+    assert "patched arms: patches/ applied, FREETOKEN_GRAPH_PROTECT=<mode>" in engine_report.render(patched)
     blocked = record(upstream=result(), patched=result(freetoken_graph_protect="first-launch", fires=[{"step": 2}],
                                                        **series))
     assert engine.failures(blocked) == ["patched: the watchdog released 1 blocked launch(es)"]
@@ -145,8 +155,8 @@ def test_gate_arm_runs_freetokens_launch_gating(monkeypatch):
     assert engine.arm_env("auto")["FREETOKEN_PLE_SYNC"] == "wait"  # a user's gate would hide the WAIT
     assert engine.arm_env("gate")["FREETOKEN_PLE_SYNC"] == "gate" and config.ENV_MODE not in engine.arm_env("gate")
     gate = result(wait_sync=False, captured_waits=0)
-    assert engine.arm_problems("gate", gate) == []
-    assert "did not decode on graphs without a WAIT" in engine.arm_problems("gate", result())[0]
+    assert engine.arm_problems("gate", gate, True) == []
+    assert "did not decode on graphs without a WAIT" in engine.arm_problems("gate", result(), True)[0]
 
 
 def test_on_a_freetoken_that_uploads_nothing_upstream_is_a_control_and_gate_the_reference():
@@ -157,8 +167,12 @@ def test_on_a_freetoken_that_uploads_nothing_upstream_is_a_control_and_gate_the_
                  auto=result(shim=shim("auto", "deferred"), **ft013))
     assert engine.failures(rec) == []
     assert not rec["summary"]["upstream"]["protected"] and rec["summary"]["auto"]["reference"] == "gate"
-    assert "upstream BLOCKED (watchdog fired)" in engine.render(rec) and "gate's tokens" in engine.render(rec)
-    assert rec["summary"]["auto"]["replay_gpu_vs_never_uploaded"] == 1.0  # against upstream, never uploaded
+    text = engine_report.render(rec)
+    assert "upstream BLOCKED (watchdog fired)" in text and "gate's tokens" in text
+    two = record(upstream=[result(**ft013)] * 2, gate=[gate] * 2, auto=[result(shim=shim("auto", "deferred"),
+                                                                                **ft013)] * 2)
+    assert two["summary"]["auto"]["base"] == "upstream"  # never uploaded here: the base of every ratio
+    assert two["summary"]["auto"]["replay_vs_never_uploaded"]["2"] == [1.0, 0.0]
     drifted = record(upstream=result(**ft013), gate=gate, auto=result(shim=shim("auto", "deferred"),
                                                                       token_hash="cccc", **ft013))
     assert engine.failures(drifted) == ["auto: tokens ['cccc'] differ from gate's"]
@@ -167,21 +181,43 @@ def test_on_a_freetoken_that_uploads_nothing_upstream_is_a_control_and_gate_the_
         alone)[0]
 
 
-def test_gpu_time_is_compared_with_the_never_uploaded_arm():
-    slow = copy.deepcopy(result(shim=shim("auto", "deferred")))
-    slow["replay_gpu_ms"] = {"2": [1.65, 1.65], "1": [1.2]}  # bs 2 10% slower, bs 1 the same
-    rec = record(upstream=result(), skip=result(shim=shim("skip", "exposed")), auto=slow)
-    assert rec["summary"]["auto"]["replay_gpu_vs_never_uploaded"] == pytest.approx(1.05)
-    assert rec["summary"]["auto"]["step_gpu_vs_never_uploaded"] == 1.0
-    assert rec["summary"]["skip"]["replay_gpu_vs_never_uploaded"] == 1.0
-    assert list(rec["summary"]["auto"]["step_gpu_ms"]) == ["2", "1"]  # largest bs first
+def test_gpu_time_is_compared_with_the_never_uploaded_arm_round_by_round():
+    """Each round's median against the base arm's in the same round (paired): a drift shared by a
+    round cancels, and the band is two standard errors over rounds."""
+    def timed(step2, replay2, **over):
+        return result(step_gpu_ms={"2": [step2] * 3, "1": [3.0, 3.0]}, replay_gpu_ms={"2": [replay2], "1": [1.2]},
+                      graph_gpu_ms={"2": [replay2 * 2] * 5, "1": [2.4]}, **over)
+
+    never = [timed(3.3, 1.5), timed(3.6, 1.6), timed(3.3, 1.5)]  # round 2 runs slow for every arm
+    auto = [timed(3.3 * 1.01, 1.5 * 1.02, shim=shim("auto", "deferred")),
+            timed(3.6 * 1.01, 1.6 * 1.04, shim=shim("auto", "deferred")),
+            timed(3.3 * 1.01, 1.5 * 1.03, shim=shim("auto", "deferred"))]
+    rec = record(upstream=[timed(3.3, 1.5)] * 3, skip=[dict(r, shim=shim("skip", "exposed")) for r in never],
+                 auto=auto)
+    s = rec["summary"]["auto"]
+    assert s["base"] == "skip" and list(s["step_gpu_ms"]) == ["2", "1"]  # largest bs first
+    ratio, se = s["step_vs_never_uploaded"]["2"]
+    assert ratio == pytest.approx(1.01) and se == pytest.approx(0, abs=1e-12)  # the slow round cancels
+    ratio, se = s["replay_vs_never_uploaded"]["2"]
+    assert ratio == pytest.approx((1.02 * 1.04 * 1.03) ** (1 / 3), rel=1e-9)
+    logs = [math.log(x) for x in (1.02, 1.04, 1.03)]
+    assert se == pytest.approx(statistics.stdev(logs) / math.sqrt(3))
+    assert s["tok_s"]["2"] == pytest.approx(2e3 / (3.3 * 1.01))
+    assert s["graph_vs_never_uploaded"]["2"][0] == pytest.approx(ratio)  # its own samples, the same shape
+    text = engine_report.render(rec)
+    assert ("auto vs never uploaded (skip), GPU time of the graph replayed from an idle GPU: bs 2 +3.00% ± 1.12%, "
+            "bs 1 +0.00% ± 0.00%: COSTS this GPU") in text
+    assert "auto vs never uploaded (skip), GPU time of the graph step in the decode loop: bs 2 +3.00% ± 1.12%" in text
+    one = record(upstream=result(), skip=result(shim=shim("skip", "exposed")),
+                 auto=result(shim=shim("auto", "deferred")))
+    assert "n/a (needs 2 rounds)" in engine_report.render(one)
 
 
 def test_bad_engine_options_are_named(tmp_path):
-    import argparse
+    from freetoken_graphfix.bench import common
 
-    opts = argparse.Namespace(layers=[48, 2], logs=str(tmp_path))
-    assert engine.main(opts) == 1
+    opts = argparse.Namespace(layers=[48, 2], logs=str(tmp_path), target=None, context=64, decode_steps=8)
+    assert common.run_cases(opts, "engine", None, None, None) == 1
     assert list(tmp_path.iterdir()) == []  # refused before anything ran
     out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine", "--rounds", "0"],
                          capture_output=True, text=True)
@@ -194,3 +230,16 @@ def test_engine_needs_a_gpu_here():
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
     assert out.returncode == 1 and "no CUDA device" in out.stderr
+
+
+def test_a_host_bound_decode_step_is_named():
+    """A decode step whose graph takes much less GPU time than the step waits for the host: its tok/s
+    is the host's, and the report says so; a graph that fills the step is not flagged."""
+    def timed(step, graph, **over):
+        return result(step_gpu_ms={"2": [step] * 3, "1": [step]}, graph_gpu_ms={"2": [graph] * 3, "1": [graph]},
+                      **over)
+
+    rec = record(upstream=[timed(1.3, 1.0)] * 2, skip=[timed(24.6, 24.5, shim=shim("skip", "exposed"))] * 2)
+    flagged = engine_report.host_bound(rec["summary"])
+    assert flagged == [f"upstream bs {bs}: the graph step takes 77% of the decode step's GPU time (host-bound: the "
+                       "step's GPU time and tok/s follow the host)" for bs in ("2", "1")]

@@ -10,11 +10,15 @@ package installed (``pip install .``) for its ``.pth`` bootstrap to run there.
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from freetoken_graphfix import bootstrap
-from freetoken_graphfix.bench import engine
+from freetoken_graphfix.bench import common, engine, engine_report, model, target
 
 pytestmark = pytest.mark.gpu
 
@@ -29,10 +33,11 @@ def engine_record(layers: int, arms: list[str], tmp_path_factory) -> dict:
     assert bootstrap.installed_pth() is not None, (
         "freetoken-graphfix is not installed in this interpreter's site-packages: the engine processes "
         "would never get the shim (pip install . first)")
-    opts = argparse.Namespace(arms=arms, rounds=1, tokens=32, replays=100, warmup=True,
-                              watchdog=4.0, hang_timeout=300.0)
-    record = engine.engine_record(layers, opts, str(tmp_path_factory.mktemp(f"engine-{layers}")))
-    print("\n" + engine.render(record))
+    opts = argparse.Namespace(arms=arms, rounds=1, decode_steps=32, context=256, prompt_file=None, replays=100,
+                              trace_steps=0, warmup=True, watchdog=4.0, hang_timeout=300.0)
+    case = common.Case(target.synthetic(opts.context, opts.decode_steps), layers)
+    record = engine.engine_record(case, opts, str(tmp_path_factory.mktemp(f"engine-{layers}")))
+    print("\n" + engine_report.render(record))
     return record
 
 
@@ -73,4 +78,44 @@ def test_small_model_never_blocks_and_auto_costs_nothing(small):
     summary = small["summary"]
     for arm in ("pre-697", "skip"):
         assert summary[arm]["fires"] == 0 and summary[arm]["same_tokens_as_reference"], arm
-    assert summary["auto"]["replay_gpu_vs_never_uploaded"] == pytest.approx(1.0, abs=0.02)
+    assert summary["auto"]["replay_rounds"]["2"][0] == pytest.approx(summary["pre-697"]["replay_rounds"]["2"][0],
+                                                                     rel=0.02)
+
+
+@pytest.fixture(scope="module")
+def no_wait(tmp_path_factory):
+    """``bench --engine --model`` on a config-only llama with FreeToken's dummy weights, through the
+    CLI as a user runs it: two rounds and a traced run per arm."""
+    root = tmp_path_factory.mktemp("llama")
+    model.write_model(str(root / "llama"), "llama", 4)
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine", "--model",
+                          str(root / "llama"), "--context", "512", "--decode-steps", "32", "--rounds", "2",
+                          "--trace-steps", "8", "--replays", "50", "--logs", str(root / "logs"), "--json",
+                          str(root / "engine.json"), "--", *model.ENGINE_FLAGS["llama"].split()],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
+    print("\n" + out.stdout)
+    assert (root / "engine.json").is_file(), out.stderr[-4000:]
+    (record,) = json.loads((root / "engine.json").read_text())
+    return record, out.returncode
+
+
+def test_a_model_without_the_wait_gets_no_op_everywhere_and_upstreams_tokens(no_wait):
+    record, code = no_wait
+    assert not record["wait_case"] and engine.failures(record) == [] and code == 0
+    for arm, s in record["summary"].items():
+        assert s["protected"] and s["same_tokens_as_reference"] and s["fires"] == 0, arm
+    actions = {g["action"] for r in record["runs"]["auto"] for p in r["shim"]["passes"] for g in p["graphs"]}
+    assert actions == {"no-op"}
+
+
+def test_the_kernel_timeline_comes_from_the_real_engine(no_wait):
+    """The traced run's graph launches are found in Kineto's trace (one correlation id per launch),
+    with every stream of the decode graph and a gap per stream."""
+    record, _ = no_wait
+    for arm, s in record["summary"].items():
+        t = s["timeline"]
+        assert {"2", "1"} <= set(t), (arm, t)
+        for bs in ("2", "1"):
+            assert t[bs]["launches"] >= 6 and t[bs]["graph_kernels"] > 10 and t[bs]["gap_us"], (arm, t)
+            assert 0 < t[bs]["busy_us"] and t[bs]["step_kernels"] >= t[bs]["graph_kernels"], (arm, t)
+        assert s["free_mib_after_capture"] > 0 and set(s["first_launch_mib"]) >= {"1", "2"}

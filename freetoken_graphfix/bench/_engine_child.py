@@ -2,11 +2,14 @@
 
 Run by path (``python _engine_child.py SPEC.json``), never imported, and it imports nothing of
 freetoken_graphfix: the shim must reach this process the way it reaches a user's engine, through
-its ``.pth`` bootstrap and ``FT_GRAPH_UPLOAD``. What it adds is instrumentation only: timing
-wrappers on ``_upload_graph`` (0.2.x) and ``GraphRunner._capture_graphs``, a counter on the PLE
-table's WAIT (``row_store.wait_reset`` in 0.2.x, ``_ple_store.memop_wait_reset`` in 0.1.3), CUDA
-events around ``Engine.forward_batch`` and a launch watchdog that releases the PLE flag when a
-graph launch blocks, so a deadlock is reported instead of hanging.
+its ``.pth`` bootstrap and ``FT_GRAPH_UPLOAD``. The engine is built from FreeToken's own ``ft serve``
+options (its own parser), as ``ft serve`` would build it. What this adds is instrumentation only:
+timing wrappers on ``_upload_graph`` (0.2.x) and ``GraphRunner._capture_graphs``, a counter on the
+PLE table's WAIT (``row_store.wait_reset`` in 0.2.x, ``_ple_store.memop_wait_reset`` in 0.1.3), CUDA
+events around ``Engine.forward_batch``, free GPU memory around each graph's first launch, and a
+launch watchdog that releases the PLE flag when a graph launch blocks, so a deadlock is reported
+instead of hanging. A traced run (``spec["trace"]``) initialises CUPTI before the capture and
+records the decode workload's kernel timeline instead of timing it.
 Prints one ``GRAPHFIX_ENGINE_RESULT {json}`` line.
 """
 
@@ -85,6 +88,29 @@ def time_replays(runner, stream, flag, reps: int, release) -> dict[str, list[flo
     return out
 
 
+def engine_options(model_dir: str, ft_args: list[str]):
+    """(dtype, the keyword arguments of ``freetoken.llm.LLM``) from FreeToken's own ``ft serve`` parser:
+    every SchedulerConfig field as ``ft serve`` would set it; the server-only ones are not the engine's."""
+    import dataclasses
+
+    from freetoken.scheduler.config import SchedulerConfig
+    from freetoken.server.args import parse_args
+
+    args, _ = parse_args(["--model", model_dir, *ft_args])
+    own = ("model_path", "tp_info", "dtype", "offline_mode", "_unique_suffix")  # LLM sets these itself
+    return args.dtype, {f.name: getattr(args, f.name) for f in dataclasses.fields(SchedulerConfig)
+                        if f.init and f.name not in own}
+
+
+def trace_decode(run, path: str) -> None:
+    """Run the workload under the profiler (CUDA activity only) and write Kineto's chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+    prof.export_chrome_trace(path)
+
+
 def main(spec_path: str) -> None:
     with open(spec_path) as fh:
         spec = json.load(fh)
@@ -94,9 +120,9 @@ def main(spec_path: str) -> None:
     import torch
     from freetoken.core import SamplingParams
     from freetoken.llm import LLM
-    from freetoken.mm.config import ENCODER_KINDS, MultimodalConfig
 
     assert not torch.cuda.is_initialized(), "Engine.__init__ must initialise CUDA itself"
+    trace = spec.get("trace")
 
     # GraphRunner._capture_graphs looks _upload_graph up as a module global (graph.py 222) and
     # ple_disk imports its WAIT function at each lookup: module attributes are the seams, as for the
@@ -127,6 +153,12 @@ def main(spec_path: str) -> None:
     capture = runner_cls._capture_graphs
 
     def timed_capture(self, *args, **kwargs):
+        if trace and not capture_ms:
+            from torch.profiler import _utils
+
+            # CUPTI must be initialised before graphs are captured, or their kernels go untraced
+            # (PyTorch #75504); here CUDA is up (Engine.__init__ asserts it is not, before).
+            _utils._init_for_cuda_graphs()
         t0 = time.perf_counter()
         try:
             return capture(self, *args, **kwargs)
@@ -136,25 +168,40 @@ def main(spec_path: str) -> None:
     runner_cls._capture_graphs = timed_capture
 
     t0 = time.perf_counter()
-    mm = MultimodalConfig(disabled_encoders=frozenset(ENCODER_KINDS))  # text only
-    llm = LLM(spec["model_dir"], dtype=torch.bfloat16, mm=mm, **spec["engine"])
+    dtype, options = engine_options(spec["model_dir"], spec["ft_args"])
+    llm = LLM(spec["model_dir"], dtype=dtype, **options)
     build_s = time.perf_counter() - t0
     eng, runner = llm.engine, llm.engine.graph_runner
+    free_after_capture = torch.cuda.mem_get_info()[0]
     table = getattr(eng.model, "_ple_table", None)
     flag = getattr(table, "_flag", None)
     dog = LaunchWatchdog(flag, spec["watchdog_s"], release)
     launches: list[tuple[int, float]] = []  # (bs, host ms of the replay call)
+    first_launch_free: dict[str, list[int]] = {}  # bs: free bytes before and after its first launch
     steps: list[dict] = []
     fires: list[dict] = []
     seen_bs: set[int] = set()
 
+    graph_events: list[tuple[int, object, object]] = []  # (bs, start, end) around each graph step on the GPU
+
     def replay(batch):  # instance attribute; the class attribute is looked up per call (deferred hooks)
+        bs = batch.padded_size
+        first = str(bs) not in first_launch_free
+        if first:
+            first_launch_free[str(bs)] = [torch.cuda.mem_get_info()[0]]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(eng.stream)
         t = dog.started = time.perf_counter()
         try:
             return runner_cls.replay(runner, batch)
         finally:
             dog.started = None
-            launches.append((batch.padded_size, 1e3 * (time.perf_counter() - t)))
+            launches.append((bs, 1e3 * (time.perf_counter() - t)))
+            end.record(eng.stream)
+            if not first:
+                graph_events.append((bs, start, end))
+            else:
+                first_launch_free[str(bs)].append(torch.cuda.mem_get_info()[0])
 
     forward = eng.forward_batch
 
@@ -182,9 +229,20 @@ def main(spec_path: str) -> None:
         return out
 
     runner.replay, eng.forward_batch = replay, forward_batch
-    params = SamplingParams(temperature=0.0, max_tokens=spec["tokens"], ignore_eos=True)
+    steps_per_request = trace["steps"] if trace else spec["decode_steps"]
+    params = SamplingParams(temperature=0.0, max_tokens=steps_per_request, ignore_eos=True)
     prompts = spec["prompts"]
-    outs = llm.generate(prompts[:2], params) + llm.generate(prompts[2:], params)  # bs 2, then bs 1
+    outs: list = []
+
+    def workload() -> None:  # bs 2 (the pair at once), then bs 1
+        if spec["pair"]:
+            outs.extend(llm.generate([prompts["left"], prompts["right"]], params))
+        outs.extend(llm.generate([prompts["single"]], params))
+
+    if trace:
+        trace_decode(workload, trace["path"])
+    else:
+        workload()
     torch.cuda.synchronize()
 
     for step in steps:
@@ -194,6 +252,9 @@ def main(spec_path: str) -> None:
     for s in steps:
         if s["kind"] == "graph" and not s["first"]:
             warm.setdefault(str(s["bs"]), []).append(s)
+    graph_gpu_ms: dict[str, list[float]] = {}  # the graph step alone, inside the decode loop
+    for bs, begin, finish in graph_events:
+        graph_gpu_ms.setdefault(str(bs), []).append(round(begin.elapsed_time(finish), 5))
     first_launch: dict[str, float] = {}
     for bs, ms in launches:
         first_launch.setdefault(str(bs), ms)
@@ -214,18 +275,26 @@ def main(spec_path: str) -> None:
         "steps": {k: sum(s["kind"] == k for s in steps) for k in ("prefill", "decode", "graph")},
         "fires": fires, "first_launch_ms": first_launch,
         "max_launch_ms": max((ms for _, ms in launches), default=None),
+        "free_mib_after_capture": free_after_capture / 2**20,
+        "first_launch_free_mib": {bs: [v / 2**20 for v in free] for bs, free in first_launch_free.items()},
         "first_step_gpu_ms": {str(s["bs"]): s["gpu_ms"] for s in steps if s["first"]},
         "step_gpu_ms": {bs: [round(s["gpu_ms"], 5) for s in ss] for bs, ss in warm.items()},
         "step_host_ms": {bs: [round(s["host_ms"], 5) for s in ss] for bs, ss in warm.items()},
+        "graph_gpu_ms": graph_gpu_ms,
+        "prompt_tokens": {name: len(ids) for name, ids in prompts.items()},
         "tokens": [len(t) for t in token_ids],
+        "distinct_tokens": len({t for ids in token_ids for t in ids}),
         "token_hash": hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:16],
         "shim": None if shim is None else {k: v for k, v in shim.status().items() if k != "freetoken"},
     }
-    try:
-        replays = time_replays(runner, eng.stream, flag, spec["replays"], release)
-        result["replay_gpu_ms"] = {bs: [round(t, 5) for t in ts] for bs, ts in replays.items()}
-    except Exception as exc:  # report the run's figures even so
-        result["replay_error"] = repr(exc)
+    if trace:
+        result["launch_bs"] = [bs for bs, _ in launches]
+    else:
+        try:
+            replays = time_replays(runner, eng.stream, flag, spec["replays"], release)
+            result["replay_gpu_ms"] = {bs: [round(t, 5) for t in ts] for bs, ts in replays.items()}
+        except Exception as exc:  # report the run's figures even so
+            result["replay_error"] = repr(exc)
     faulthandler.cancel_dump_traceback_later()
     print(RESULT_TAG + json.dumps(result), flush=True)
     try:

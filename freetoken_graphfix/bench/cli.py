@@ -1,4 +1,6 @@
-"""``python -m freetoken_graphfix bench``: what the upload and each strategy cost on this GPU."""
+"""``bench``: what the capture-time upload and each strategy cost on this GPU, and whether any first
+launch blocks: a decode-like graph in a rig, FreeToken's real engine (``--engine``), a real ``ft serve``
+(``--serve``), interpreter start-up (``--startup``)."""
 
 from __future__ import annotations
 
@@ -8,57 +10,148 @@ import shlex
 import sys
 
 from . import engine, serve
-from .common import ERR, OK, environment, non_negative, positive, write_json
+from .common import ERR, OK, cases, check_writable, environment, non_negative, positive, run_cases, seconds, write_json
 from .deadlock import deadlock_matrix, probe
 from .replay import STRATEGIES, gaps_child, run_arms
 from .report import markdown, plot, render
 from .startup import startup
+from .workload import DEFAULT_CONTEXT, DEFAULT_STEPS
+
+FAMILIES = ("qwen4_exp", "llama", "qwen3", "qwen3_moe")  # what --write-model writes (bench.model)
+
+EPILOG = """\
+FreeToken's own ft serve options go after --, for --engine and --serve with --model, e.g.:
+  python -m freetoken_graphfix bench --engine --model ~/models/Qwen3-8B -- --attention-backend triton
+  python -m freetoken_graphfix bench --write-model /tmp/llama --family llama   (config only: -- --dummy-weight)
+"""
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m freetoken_graphfix bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--kernels", type=positive, default=1090, help="small kernels per graph (default 1090)")
-    ap.add_argument("--streams", type=positive, default=4, help="streams, fork/join per layer (default 4)")
-    ap.add_argument("--batch-sizes", type=positive, nargs="+", default=[1, 2], help="one graph each (default 1 2)")
-    ap.add_argument("--instances", type=positive, default=12,
-                    help="graphs captured per strategy and bs: the unit ratios are measured over (default 12)")
-    ap.add_argument("--reps", type=positive, default=300,
-                    help="interleaved timed replays per graph instance (default 300)")
-    ap.add_argument("--profile-reps", type=non_negative, default=20,
-                    help="replays per arm traced for CUPTI gaps (0: off)")
-    ap.add_argument("--no-wait", action="store_true", help="no head WAIT (no PLE table in the graph)")
-    ap.add_argument("--h2d", action="store_true", help="add a pinned-host H2D copy per layer (MoE-offload-like)")
-    ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
-    ap.add_argument("--watchdog", type=float, default=4.0, help="seconds before a blocked launch is released")
-    ap.add_argument("--json", metavar="PATH", help="write every raw figure here")
-    ap.add_argument("--markdown", metavar="PATH", help="write a report to paste upstream (GPU, versions, command, "
-                    "ms per step, ratios, verdict)")
-    ap.add_argument("--plot", metavar="PATH", help="PNG of the gap distributions (needs matplotlib)")
-    ap.add_argument("--deadlock", action="store_true", help="first-launch probe matrix, a subprocess per case")
-    ap.add_argument("--matrix-kernels", type=positive, nargs="+", default=[1000, 8000, 32000, 64000])
-    ap.add_argument("--jobs", type=positive, default=1,
-                    help="--deadlock cases, or --serve arms after the first, run at once (default 1)")
+def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.replace("``", "'"), epilog=EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    rig = ap.add_argument_group("the rig (default): a decode-like graph behind a real PLE table's WAIT")
+    rig.add_argument("--kernels", type=positive, default=1090, help="small kernels per graph (default 1090)")
+    rig.add_argument("--streams", type=positive, default=4, help="streams, fork/join per layer (default 4)")
+    rig.add_argument("--batch-sizes", type=positive, nargs="+", default=[1, 2], metavar="BS",
+                     help="one graph each (default 1 2)")
+    rig.add_argument("--instances", type=positive, default=12,
+                     help="graphs captured per strategy and bs: the unit ratios are measured over (default 12)")
+    rig.add_argument("--reps", type=positive, default=300,
+                     help="interleaved timed replays per graph instance (default 300)")
+    rig.add_argument("--profile-reps", type=non_negative, default=20,
+                     help="replays per arm traced for CUPTI gaps (0: off; default 20)")
+    rig.add_argument("--no-wait", action="store_true", help="no head WAIT (no PLE table in the graph)")
+    rig.add_argument("--h2d", action="store_true", help="add a pinned-host H2D copy per layer (MoE-offload-like)")
+    rig.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES, metavar="MODE",
+                     help=f"of: {', '.join(STRATEGIES)} (default: all)")
+    rig.add_argument("--plot", metavar="PATH", help="PNG of the gap distributions (needs matplotlib)")
+    rig.add_argument("--deadlock", action="store_true", help="first-launch probe matrix, a subprocess per case")
+    rig.add_argument("--matrix-kernels", type=positive, nargs="+", default=[1000, 8000, 32000, 64000], metavar="N",
+                     help="--deadlock graph sizes (default 1000 8000 32000 64000)")
+    out = ap.add_argument_group("output")
+    out.add_argument("--json", metavar="PATH", help="write every raw figure here")
+    out.add_argument("--markdown", metavar="PATH",
+                     help="write a report to paste upstream (GPU, driver, torch, FreeToken, the command, ms per step "
+                          "and the ratios with their bands)")
+    out.add_argument("--logs", metavar="DIR", help="--engine/--serve: keep each process's log here (default: a "
+                                                    "new temporary directory)")
+    models = ap.add_argument_group(
+        "--engine and --serve: the model and #775's workload (copy a text verbatim, greedy)")
+    models.add_argument("--model", metavar="DIR", help="a model directory FreeToken loads (default: the synthetic "
+                                                      "qwen4_exp, written per --layers)")
+    models.add_argument("--layers", type=positive, nargs="+", metavar="N",
+                        help="synthetic qwen4_exp sizes (default 48); with --write-model, the layer count")
+    models.add_argument("--context", type=positive, default=DEFAULT_CONTEXT,
+                        help=f"prompt tokens per request, by the model's own tokenizer (default {DEFAULT_CONTEXT}; "
+                             "#775's is 65536)")
+    models.add_argument("--decode-steps", "--tokens", dest="decode_steps", type=positive, default=DEFAULT_STEPS,
+                        help=f"greedy tokens per request (default {DEFAULT_STEPS}, #775's window)")
+    models.add_argument("--prompt-file", metavar="PATH",
+                        help="the UTF-8 text to copy (default: the Apache License 2.0 shipped with this package)")
+    models.add_argument("--jobs", type=positive, default=1,
+                        help="--serve arms after the first, or --deadlock cases, run at once (default 1)")
+    models.add_argument("--write-model", metavar="DIR",
+                        help="write a model to run (--family) into DIR, a new or empty directory, and exit")
+    models.add_argument("--family", choices=FAMILIES, default="qwen4_exp",
+                        help=f"--write-model's model, of: {', '.join(FAMILIES)} (qwen4_exp: the synthetic FTW "
+                             "checkpoint with a disk PLE table; the others config-only for -- --dummy-weight)")
+    engine.add_arguments(ap.add_argument_group("--engine: every mode in FreeToken's real offline engine"))
+    serve.add_arguments(ap.add_argument_group("--serve: every mode in a real ft serve, OpenAI client, through a "
+                                              "cache rebuild"))
+    ap.add_argument("--watchdog", type=seconds, default=4.0,
+                    help="rig and --engine: seconds before a blocked first launch is released (default 4)")
     ap.add_argument("--startup", action="store_true", help="interpreter start-up with and without the .pth")
-    ap.add_argument("--startup-runs", type=positive, default=200)
-    engine.add_arguments(ap.add_argument_group(
-        "--engine: every mode in FreeToken's real engine (synthetic qwen4_exp)"))
-    serve.add_arguments(ap.add_argument_group(
-        "--serve: every mode in a real ft serve, OpenAI client, through a cache rebuild (with --layers, --tokens, "
-        "--logs, --jobs)"))
+    ap.add_argument("--startup-runs", type=positive, default=200, help="interpreter starts per arm (default 200)")
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--gaps-child", metavar="PATH", help=argparse.SUPPRESS)
     ap.add_argument("--strategy", default="auto", choices=STRATEGIES, help=argparse.SUPPRESS)
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
+def split_freetoken_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(bench's own arguments, FreeToken's ``ft serve`` options after the first ``--``)."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
+    """Resolve ``--model`` and the workload for ``--engine``/``--serve``; why not, in one line."""
+    from .target import TargetError, from_model, synthetic
+    from .workload import check, read_text
+
+    if ft_args and not opts.model:
+        return "FreeToken options after -- need --model (the synthetic model runs with its own)"
+    try:
+        read_text(opts.prompt_file)
+        opts.target = from_model(opts.model, ft_args) if opts.model else None
+        check(opts.context, opts.decode_steps, (opts.target or synthetic(0, 0)).max_positions)
+    except (TargetError, ValueError) as exc:
+        return str(exc)
+    if opts.model and opts.layers:
+        return "--layers sizes the synthetic model; with --model it has no meaning"
+    opts.layers = opts.layers or [48]
+    try:
+        cases(opts)
+    except ValueError as exc:
+        return f"--layers: {exc}"
+    return None
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfix bench") -> int:
     argv = sys.argv[1:] if argv is None else argv
-    opts = parser().parse_args(argv)
+    own, ft_args = split_freetoken_args(argv)
+    ap = parser(prog)
+    opts = ap.parse_args(own)
+    opts.command = shlex.join(["python", "-m", "freetoken_graphfix", "bench", *argv])
+    try:  # before a run of minutes, not after it
+        for option in ("json", "markdown", "plot"):
+            check_writable(getattr(opts, option), f"--{option}")
+    except ValueError as exc:
+        ap.error(str(exc))
     if opts.startup:
         record, text = startup(opts.startup_runs)
         write_json(opts.json, record)
         print(text)
         return OK
+    if opts.write_model:
+        from .model import write_model
+
+        try:
+            print(write_model(opts.write_model, opts.family, opts.layers[0] if opts.layers else None))
+        except ValueError as exc:
+            ap.error(str(exc))
+        return OK
+    if opts.model and not (opts.engine or opts.serve):
+        ap.error("--model runs with --engine or --serve")
+    if opts.engine or opts.serve:
+        why = prepare_models(opts, ft_args) or (serve.openai_missing() if opts.serve else None)
+        if why:
+            print(f"{prog}: error: {why}", file=sys.stderr)
+            return ERR
+    elif ft_args:
+        ap.error("FreeToken options after -- are for --engine and --serve with --model")
     import torch
 
     if not torch.cuda.is_available():
@@ -66,9 +159,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return ERR
     if opts.engine:
-        return engine.main(opts)
+        from .engine_report import markdown as engine_markdown
+        from .engine_report import render as engine_render
+
+        opts.arms = opts.arms or list(engine.DEFAULT_ARMS)
+        return run_cases(opts, "engine", engine.engine_record, engine_render, lambda r: bool(engine.failures(r)),
+                         engine_markdown)
     if opts.serve:
-        return serve.main(opts)
+        opts.arms = opts.serve_arms or list(serve.DEFAULT_ARMS)
+        return run_cases(opts, "serve", serve.serve_record, serve.render, lambda r: any(r["problems"].values()))
     if opts.probe:
         print(json.dumps(probe(opts)))
         return OK
@@ -81,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         protected = [r for r in rows if r["strategy"] != "skip"]
         return ERR if any(r.get("error") or r.get("blocked") for r in protected) else OK
     record = run_arms(opts)
-    record["command"] = shlex.join(["python", "-m", "freetoken_graphfix", "bench", *argv])
+    record["command"] = opts.command
     write_json(opts.json, record)
     if opts.markdown:
         with open(opts.markdown, "w") as fh:

@@ -1,18 +1,24 @@
-"""Helpers every benchmark shares: the environment tag, arm rotation, progress, option types, the
-per-size loop of the real-engine benches."""
+"""Helpers every benchmark shares: the environment tag, arm rotation, progress, option types, and
+the per-model loop of the real-engine benches."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import date
 from typing import Any, TypeVar
+
+from .target import Target, synthetic
 
 OK, ERR = 0, 1
 T = TypeVar("T")
@@ -60,6 +66,17 @@ def non_negative(text: str) -> int:
     return _whole_at_least(text, 0)
 
 
+def seconds(text: str) -> float:
+    """A duration in seconds: finite and above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: accepted values are seconds above 0")
+    return value
+
+
 def _whole_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
@@ -76,22 +93,75 @@ def write_json(path: str | None, record: Any) -> None:
             json.dump(record, fh, indent=1)
 
 
-def run_sizes(opts: argparse.Namespace, name: str, record: Callable[[int, argparse.Namespace, str], dict],
-              render: Callable[[dict], str], failed: Callable[[dict], bool]) -> int:
-    """``bench --engine`` and ``--serve``: refuse a bad ``--layers`` before any size runs, then one
-    record per size with its processes' logs kept, ``--json``, the tables; exit 1 when one failed."""
+def check_writable(path: str | None, option: str) -> None:
+    """Refuse, before a long run, an output file that could not be written at its end."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path)) if path else ""
+    if not path or os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(f"{option} {path!r}: cannot be written; accepted values are a file path in an existing, "
+                         "writable directory")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model a real-engine bench runs: the target, the synthetic model's size (``None`` for
+    ``--model``) and the workload's prompts."""
+
+    target: Target
+    layers: int | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.layers} layers" if self.target.synthetic else os.path.basename(
+            os.path.normpath(self.target.model_dir or ""))
+
+    @contextlib.contextmanager
+    def model_dir(self, log_dir: str) -> Iterator[str]:
+        """The model's directory: ``--model`` itself, or the synthetic model written under ``log_dir``
+        for the run and removed after it."""
+        if not self.target.synthetic:
+            yield str(self.target.model_dir)
+            return
+        from .model import build_model_dir
+
+        folder = tempfile.mkdtemp(prefix=f"graphfix-{self.layers}L-", dir=log_dir)
+        try:
+            build_model_dir(folder, int(self.layers or 0))
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def cases(opts: argparse.Namespace) -> list[Case]:
+    """``--model``'s one case, else the synthetic model at each ``--layers`` (refused here, in one line
+    raised as ``ValueError``, before any runs)."""
     from .model import check_layers
 
+    if opts.target is not None and not opts.target.synthetic:
+        return [Case(opts.target, None)]
+    for layers in opts.layers:
+        check_layers(layers)
+    return [Case(synthetic(opts.context, opts.decode_steps), layers) for layers in opts.layers]
+
+
+def run_cases(opts: argparse.Namespace, name: str, record: Callable[[Case, argparse.Namespace, str], dict],
+              render: Callable[[dict], str], failed: Callable[[dict], bool],
+              markdown: Callable[[list[dict]], str] | None = None) -> int:
+    """``bench --engine`` and ``--serve``: refuse bad input before anything runs, then one record per
+    case with its processes' logs kept, ``--json``, ``--markdown``, the tables; exit 1 when one failed."""
     try:
-        for layers in opts.layers:
-            check_layers(layers)
+        todo = cases(opts)
     except ValueError as exc:
-        print(f"bench --{name}: --layers: {exc}", file=sys.stderr)
+        print(f"bench --{name}: {exc}", file=sys.stderr)
         return ERR
     log_dir = opts.logs or tempfile.mkdtemp(prefix=f"graphfix-{name}-")
     os.makedirs(log_dir, exist_ok=True)
-    records = [record(layers, opts, log_dir) for layers in opts.layers]
+    records = [record(case, opts, log_dir) for case in todo]
     write_json(opts.json, records)
+    if opts.markdown and markdown is not None:
+        with open(opts.markdown, "w") as fh:
+            fh.write(markdown(records))
     for rec in records:
         print(render(rec) + "\n")
     print(f"{name} logs: {log_dir}")

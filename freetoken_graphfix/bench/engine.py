@@ -1,13 +1,19 @@
-"""``bench --engine``: every mode in FreeToken's real offline engine, same model, same prompts.
+"""``bench --engine``: every mode in FreeToken's real offline engine, same model, #775's workload.
 
-Each arm runs the real engine (``freetoken.llm.LLM``: Scheduler, Engine, GraphRunner, bs 1 and 2
-graphs) on the synthetic qwen4_exp of ``model`` in a fresh process (``_engine_child.py``). Shim arms
-get ``FT_GRAPH_UPLOAD`` in that process's environment and nothing else: the package's ``.pth``
-bootstrap must bring the shim in, as on a user's machine. The never-uploaded arms (``pre-697``:
-FreeToken's upload removed, and ``skip``) are the negative control: on a large enough model their
-first launches block. ``gate`` is FreeToken's own escape hatch (``FREETOKEN_PLE_SYNC=gate``: the
-fill before the launch, no WAIT in the graph): on FreeToken 0.1.3, which uploads nothing, upstream
-is itself unprotected and gate's tokens are the reference.
+Each arm runs the real engine (``freetoken.llm.LLM``: Scheduler, Engine, GraphRunner) in a fresh
+process (``_engine_child.py``), built from FreeToken's own ``ft serve`` options, on the synthetic
+qwen4_exp of ``model`` or the user's ``--model``. Shim arms get ``FT_GRAPH_UPLOAD`` in that
+process's environment and nothing else: the package's ``.pth`` bootstrap must bring the shim in,
+as on a user's machine. The never-uploaded arms (``pre-697``: FreeToken's upload removed, and
+``skip``) are the base of every ratio and, on a model whose graphs hold a host-released WAIT, the
+negative control: on a large enough model their first launches block. ``gate`` is FreeToken's own
+escape hatch (``FREETOKEN_PLE_SYNC=gate``: the fill before the launch, no WAIT in the graph): on
+FreeToken 0.1.3, which uploads nothing, upstream is itself unprotected and gate's tokens are the
+reference.
+
+Per round every arm runs once, in rotated order; ratios are per round (paired) with two standard
+errors over rounds. The kernel timeline comes from one more process per arm that initialises CUPTI
+before its capture and traces a short run of the same workload; no timed process is ever traced.
 """
 
 from __future__ import annotations
@@ -16,30 +22,31 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from .. import config, patching
-from .common import environment, positive, progress, rotated, run_sizes
-from .model import ENGINE, build_model_dir, prompts
-from .stats import summary
+from .common import Case, environment, non_negative, positive, progress, rotated, seconds
+from .cupti import decode_timeline
+from .stats import paired_ratio, summary
+from .workload import build, load_tokenizer, read_text
 
 CHILD = Path(__file__).with_name("_engine_child.py")
 PROTECT_ENV = "FREETOKEN_GRAPH_PROTECT"  # the patch series' switch (patches/0003)
 RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
 SHIM_ACTION = {"auto": "deferred", "upload": "upload", "warm": "warm", "deferred": "deferred", "skip": "exposed"}
-SHIM_ARMS = tuple(SHIM_ACTION)  # FT_GRAPH_UPLOAD=<arm>, and the action the shim must take on every graph
+SHIM_ARMS = tuple(SHIM_ACTION)  # FT_GRAPH_UPLOAD=<arm>, and the action the shim must take on a WAIT graph
 # FreeToken with patches/ applied (a patched copy first on PYTHONPATH), FREETOKEN_GRAPH_PROTECT=<mode>
 PATCHED_ARMS = {"patched": "first-launch", "patched-upload": "upload", "patched-none": "none"}
 GATE = "gate"  # FREETOKEN_PLE_SYNC=gate; every other arm runs wait-sync
 ARMS = ("upstream", "pre-697", GATE, *SHIM_ARMS, *PATCHED_ARMS)
+DEFAULT_ARMS = ("upstream", "pre-697", "auto")
 PROTECTED = ("auto", "upload", "warm", "deferred", "patched", "patched-upload", GATE)  # never block, same tokens
 NEVER_UPLOADED = ("pre-697", "skip", "patched-none")  # unprotected and never uploaded: the negative control
+RESOLUTION = 0.005  # the band (2 SE) a ratio needs to resolve #775's 1-2%
 
 
 def arm_env(arm: str, patched: str | None = None) -> dict[str, str]:
@@ -67,13 +74,10 @@ def patched_freetoken(arms: list[str], log_dir: str) -> str | None:
     return str(patching.patched_copy(Path(log_dir) / "patched-freetoken"))
 
 
-def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, label: str = "",
+def run_arm(arm: str, spec: dict[str, Any], opts: argparse.Namespace, log_dir: str, label: str,
             patched: str | None = None) -> dict[str, Any]:
     """One engine process for ``arm``; its result line, or the error and the tail of its log."""
-    label = label or arm
-    spec = {"model_dir": model_dir, "engine": ENGINE, "prompts": prompts(), "tokens": opts.tokens,
-            "replays": opts.replays, "watchdog_s": opts.watchdog, "hang_timeout_s": opts.hang_timeout,
-            "no_upload": arm == "pre-697"}
+    spec = dict(spec, no_upload=arm == "pre-697")
     spec_path = os.path.join(log_dir, f"{label}.spec.json")
     with open(spec_path, "w") as fh:
         json.dump(spec, fh)
@@ -86,26 +90,39 @@ def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, la
         except subprocess.TimeoutExpired as exc:  # the child's own faulthandler exit did not fire
             code, stdout, why = None, "", f"engine process killed after {exc.timeout:.0f} s"
     lines = [ln for ln in stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    with open(log_path, "a") as log:  # FreeToken logs to stdout: keep it with the process's stderr
+        log.writelines(ln + "\n" for ln in stdout.splitlines() if not ln.startswith(RESULT_TAG))
     if code != 0 or not lines:
-        with open(log_path) as fh:
+        with open(log_path, errors="replace") as fh:
             tail = fh.read().strip().splitlines()[-5:]
         return {"arm": arm, "error": f"{why}: " + " | ".join(tail), "log": log_path}
     result = json.loads(lines[-1][len(RESULT_TAG):])
-    result.update(arm=arm, log=log_path, problems=arm_problems(arm, result))
+    result.update(arm=arm, log=log_path)
     return result
 
 
-def arm_problems(arm: str, r: dict[str, Any]) -> list[str]:
-    """What makes this arm's run no proof of anything, whatever its figures say."""
+def holds_wait(r: dict[str, Any]) -> bool:
+    """Whether this run's decode graphs held a WAIT the host releases after the launch: the disk PLE
+    table in CUDA wait-sync mode, its WAIT captured (a patched FreeToken keeps a worker for first
+    launches; FreeToken's own worker means HIP, which releases before the launch)."""
+    return bool(r["wait_sync"] and r["captured_waits"] and (not r["fill_worker"] or r.get("freetoken_patched")))
+
+
+def arm_problems(arm: str, r: dict[str, Any], wait_case: bool, expects_wait: bool = True) -> list[str]:
+    """What makes this arm's run no proof of anything, whatever its figures say. ``wait_case``: the
+    model's graphs hold a host-released WAIT (as found by the runs); ``expects_wait``: its config says
+    they should."""
     out = []
     if arm == GATE:
         if r["wait_sync"] or r["captured_waits"] or r["steps"]["graph"] == 0:
             out.append(f"the gate arm did not decode on graphs without a WAIT (wait-sync {r['wait_sync']}, "
                        f"{r['captured_waits']} WAITs, steps {r['steps']})")
-    elif not (r["wait_sync"] and (not r["fill_worker"] or r.get("freetoken_patched"))):  # patched: first launches only
+    elif expects_wait and not holds_wait(r):
         out.append(f"PLE table {r['table']} is not in CUDA wait-sync mode: no WAIT to protect")
-    elif r["captured_waits"] < len(r["graph_bs"]) or r["steps"]["graph"] == 0:
+    elif wait_case and (r["captured_waits"] < len(r["graph_bs"]) or r["steps"]["graph"] == 0):
         out.append(f"decode did not run on graphs holding the WAIT ({r['captured_waits']} WAITs, steps {r['steps']})")
+    elif r["steps"]["graph"] == 0:
+        out.append(f"decode never ran on a CUDA graph (steps {r['steps']}): nothing was measured")
     if "replay_error" in r:
         out.append(f"timing the graphs' replays failed: {r['replay_error']}")
     shim = r["shim"]
@@ -122,47 +139,92 @@ def arm_problems(arm: str, r: dict[str, Any]) -> list[str]:
                        f"({'not loaded' if shim is None else shim['reason']}): is freetoken-graphfix installed in "
                        f"this interpreter's site-packages, so that its .pth bootstrap runs? see doctor")
         else:
+            want = SHIM_ACTION[arm] if wait_case or arm == "upload" else "no-op"
             actions = [g["action"] for p in shim["passes"] for g in p["graphs"]]
-            if set(actions) != {SHIM_ACTION[arm]}:
-                out.append(f"expected action {SHIM_ACTION[arm]} for every graph, got {actions}")
+            if set(actions) != {want}:
+                out.append(f"expected action {want} for every graph, got {actions}")
     elif shim is not None and shim["installed"]:
         out.append(f"the shim was loaded in the {arm} arm ({config.ENV_MODE} leaked into its environment)")
     return out
 
 
-def engine_record(layers: int, opts: argparse.Namespace, log_dir: str) -> dict[str, Any]:
-    """Build the model once, then run every arm on it, ``opts.rounds`` times in rotated order.
+def wait_case_of(runs: dict[str, list[dict[str, Any]]]) -> bool:
+    """Whether the model's graphs held a host-released WAIT in any run (gate's never do)."""
+    return any(holds_wait(r) for arm, rs in runs.items() if arm != GATE for r in rs if "error" not in r)
 
-    An unrecorded warm-up run goes first: the first engine on a machine compiles FreeToken's triton
-    and JIT kernels into their caches, and no arm should pay for that."""
-    model_dir = tempfile.mkdtemp(prefix=f"graphfix-engine-{layers}L-", dir=log_dir)
+
+def engine_record(case: Case, opts: argparse.Namespace, log_dir: str) -> dict[str, Any]:
+    """Run every arm on ``case``'s model, ``opts.rounds`` times in rotated order, then once more per
+    arm traced. An unrecorded warm-up run goes first: the first engine on a machine compiles
+    FreeToken's triton and JIT kernels into their caches, and no arm should pay for that."""
     patched = patched_freetoken(opts.arms, log_dir)
-    try:
-        build_model_dir(model_dir, layers)
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in opts.arms}
+    traced: dict[str, dict[str, Any]] = {}
+    name = case.label.replace(" ", "")
+    with case.model_dir(log_dir) as model_dir:
+        prompts = build(load_tokenizer(model_dir), opts.context, read_text(opts.prompt_file))
+        spec = {"model_dir": model_dir, "ft_args": list(case.target.ft_args), "decode_steps": opts.decode_steps,
+                "prompts": {p.name: p.ids for p in prompts.values()}, "pair": case.target.max_running >= 2,
+                "replays": opts.replays, "watchdog_s": opts.watchdog, "hang_timeout_s": opts.hang_timeout}
         if opts.warmup:  # the patched copy is another path: its JIT kernels may be compiled again
             for arm in ("upstream", *(["patched"] if patched else [])):
-                warm = run_arm(arm, model_dir, opts, log_dir, label=f"warmup-{arm}", patched=patched)
-                print(f"engine {layers}L warm-up run ({arm}): {one_line(warm)}", file=sys.stderr, flush=True)
-        runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in opts.arms}
-        order = [arm for r in range(opts.rounds) for arm in rotated(opts.arms, r)]
-        for arm in progress(order, len(order), f"engine arms ({layers} layers)"):
-            runs[arm].append(run_arm(arm, model_dir, opts, log_dir, patched=patched))
-            print(f"engine {layers}L {arm}: {one_line(runs[arm][-1])}", file=sys.stderr, flush=True)
-    finally:
-        shutil.rmtree(model_dir, ignore_errors=True)
+                warm = run_arm(arm, spec, opts, log_dir, f"{name}-warmup-{arm}", patched)
+                print(f"engine {case.label} warm-up run ({arm}): {one_line(warm)}", file=sys.stderr, flush=True)
+        order = [(r, arm) for r in range(opts.rounds) for arm in rotated(opts.arms, r)]
+        order += [(None, arm) for arm in (opts.arms if opts.trace_steps else ())]
+        for rnd, arm in progress(order, len(order), f"engine arms ({case.label})"):
+            label = f"{name}-{arm}-" + (f"r{rnd}" if rnd is not None else "traced")
+            if rnd is None:
+                path = os.path.join(log_dir, f"{label}.trace.json")
+                res = run_arm(arm, dict(spec, trace={"path": path, "steps": opts.trace_steps}), opts, log_dir,
+                              label, patched)
+                traced[arm] = timeline_of(res, path)
+            else:
+                res = run_arm(arm, spec, opts, log_dir, label, patched)
+                runs[arm].append(res)
+            print(f"engine {case.label} {label}: {one_line(res)}", file=sys.stderr, flush=True)
     env = environment()
     env.pop("freetoken", None)  # reported by the engine processes themselves
-    return {"layers": layers, "tokens": opts.tokens, "rounds": opts.rounds, "env": env, "runs": runs,
-            "summary": summarise(runs)}
+    return {"model": case.target.describe(), "label": case.label, "layers": case.layers,
+            "ft_args": list(case.target.ft_args), "context": opts.context, "decode_steps": opts.decode_steps,
+            "rounds": opts.rounds, "env": env, "expects_wait": case.target.expects_wait, "runs": runs,
+            "traced": traced, "command": getattr(opts, "command", ""),
+            **judge(runs, traced, case.target.expects_wait)}
+
+
+def judge(runs: dict[str, list[dict[str, Any]]], traced: dict[str, dict[str, Any]],
+          expects_wait: bool) -> dict[str, Any]:
+    """The record's verdict part: which case the runs found (a host-released WAIT or none), every
+    run's problems (written into it) and the per-arm summary."""
+    wait_case = wait_case_of(runs)
+    for arm, rs in runs.items():
+        for r in rs:
+            if "error" not in r:
+                r["problems"] = arm_problems(arm, r, wait_case, expects_wait)
+    return {"wait_case": wait_case, "summary": summarise(runs, traced, wait_case)}
+
+
+def timeline_of(res: dict[str, Any], path: str) -> dict[str, Any]:
+    """The traced run's kernel timeline (its trace file read, then removed: traces are large)."""
+    if "error" in res:
+        return {"note": "traced run failed: " + res["error"]}
+    try:
+        return decode_timeline(path, res["launch_bs"])
+    except (OSError, ValueError, KeyError) as exc:
+        return {"note": f"trace unreadable: {exc!r}"}
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 def one_line(r: dict[str, Any]) -> str:
     if "error" in r:
         return "ERROR " + r["error"]
+    if "note" in r or "launch_bs" in r:
+        return f"traced {len(r.get('launch_bs', []))} graph launches"
     replay = {bs: round(statistics.median(v), 4) for bs, v in r.get("replay_gpu_ms", {}).items() if v}
-    problems = f"; PROBLEMS: {r['problems']}" if r["problems"] else ""
     return (f"fires {len(r['fires'])}, first launch {fmt_ms(r['first_launch_ms'])} ms, replay GPU median {replay} ms, "
-            f"hash {r['token_hash']}, build {r['build_s']:.1f} s{problems}")
+            f"hash {r['token_hash']}, build {r['build_s']:.1f} s")
 
 
 def fmt_ms(per_bs: dict[str, float]) -> str:
@@ -173,19 +235,15 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
-def pooled(runs: list[dict[str, Any]], key: str) -> dict[str, dict[str, float]]:
-    """Per batch size (largest first), quartiles of ``key``'s samples from every round."""
-    per_bs: dict[str, list[float]] = {}
-    for r in runs:
-        for bs, values in r.get(key, {}).items():
-            per_bs.setdefault(bs, []).extend(values)
-    return {bs: summary(v, (25, 75)) for bs, v in sorted(per_bs.items(), key=lambda kv: -int(kv[0]))}
+def by_bs(runs: list[dict[str, Any]], key: str) -> dict[str, list[float | None]]:
+    """Per batch size (largest first), each round's median of ``key`` (``None`` where a round has none)."""
+    sizes = sorted({bs for r in runs for bs, v in r.get(key, {}).items() if v}, key=lambda bs: -int(bs))
+    return {bs: [statistics.median(r[key][bs]) if r.get(key, {}).get(bs) else None for r in runs] for bs in sizes}
 
 
-def ratio(arm: dict[str, dict[str, float]], base: dict[str, dict[str, float]]) -> float:
-    """Mean over batch sizes of the arm's median over the base's."""
-    pairs = [arm[bs]["median"] / base[bs]["median"] for bs in arm if bs in base]
-    return statistics.fmean(pairs) if pairs else math.nan
+def ratios(arm: dict[str, list[float | None]], base: dict[str, list[float | None]]) -> dict[str, list[float]]:
+    """Per bs the paired ratio to the base arm over rounds and its relative standard error."""
+    return {bs: list(paired_ratio(values, base[bs])) for bs, values in arm.items() if bs in base}
 
 
 def upstream_protects(runs: dict[str, list[dict[str, Any]]]) -> bool:
@@ -194,32 +252,49 @@ def upstream_protects(runs: dict[str, list[dict[str, Any]]]) -> bool:
     return any(r.get("freetoken_uploads", True) for rs in runs.values() for r in rs if "error" not in r)
 
 
-def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per arm, pooled over rounds; GPU times compared with the never-uploaded arm."""
+def summarise(runs: dict[str, list[dict[str, Any]]], traced: dict[str, dict[str, Any]],
+              wait_case: bool) -> dict[str, Any]:
+    """Per arm, over its rounds; GPU times compared with the never-uploaded arm round by round. On a
+    model without a host-released WAIT nothing needs protection: every arm is held to upstream's
+    tokens and to never blocking."""
     out: dict[str, Any] = {}
     reference = "upstream" if upstream_protects(runs) else GATE
     expected = {r["token_hash"] for r in runs.get(reference, []) if "error" not in r}
     for arm, rs in runs.items():
         good = [r for r in rs if "error" not in r]
+        step = by_bs(good, "step_gpu_ms")
         out[arm] = {
-            "protected": arm in PROTECTED or (arm == "upstream" and reference == "upstream"),
+            "protected": not wait_case or arm in PROTECTED or (arm == "upstream" and reference == "upstream"),
             "errors": [r["error"] for r in rs if "error" in r] + [p for r in good for p in r["problems"]],
             "fires": sum(len(r["fires"]) for r in good),
             "hashes": sorted({r["token_hash"] for r in good}),
+            "distinct_tokens": min((r["distinct_tokens"] for r in good), default=None),
             "reference": reference,
             "same_tokens_as_reference": bool(expected) and {r["token_hash"] for r in good} == expected,
             "first_launch_ms": {bs: max(r["first_launch_ms"][bs] for r in good) for bs in
                                 (good[0]["first_launch_ms"] if good else {})},
             "upload_ms_per_graph": median([u for r in good for u in r["upload_ms"]]),
             "capture_ms": median([sum(r["capture_ms"]) for r in good]),
-            "step_gpu_ms": pooled(good, "step_gpu_ms"),
-            "step_host_ms": pooled(good, "step_host_ms"),
-            "replay_gpu_ms": pooled(good, "replay_gpu_ms"),
+            "free_mib_after_capture": median([r["free_mib_after_capture"] for r in good]),
+            "first_launch_mib": {bs: median([r["first_launch_free_mib"][bs][0] - r["first_launch_free_mib"][bs][1]
+                                             for r in good if len(r["first_launch_free_mib"].get(bs, [])) == 2])
+                                 for bs in (good[0]["first_launch_free_mib"] if good else {})},
+            "step_gpu_ms": {bs: summary([x for r in good for x in r["step_gpu_ms"].get(bs, [])], (25, 75))
+                            for bs in step},
+            "step_rounds": step,
+            "graph_rounds": by_bs(good, "graph_gpu_ms"),
+            "replay_rounds": by_bs(good, "replay_gpu_ms"),
+            "tok_s": {bs: 1e3 * int(bs) / statistics.median([x for x in v if x]) for bs, v in step.items()
+                      if any(v)},
+            "timeline": traced.get(arm, {}),
         }
-    base = next((out[a] for a in (*NEVER_UPLOADED, "upstream") if a in out and not out[a]["protected"]), None)
+    base_arm = next((a for a in (*NEVER_UPLOADED, "upstream") if a in out and
+                     (not out[a]["protected"] or a in NEVER_UPLOADED)), None)
     for rec in out.values():
-        for key in ("step_gpu_ms", "replay_gpu_ms"):
-            rec[key.replace("_ms", "_vs_never_uploaded")] = ratio(rec[key], base[key]) if base else math.nan
+        rec["base"] = base_arm
+        for key in ("step", "graph", "replay"):
+            rec[f"{key}_vs_never_uploaded"] = ratios(rec[f"{key}_rounds"], out[base_arm][f"{key}_rounds"]) \
+                if base_arm else {}
     return out
 
 
@@ -240,56 +315,21 @@ def failures(record: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(record: dict[str, Any]) -> str:
-    env, summary = record["env"], record["summary"]
-    first = next((r for rs in record["runs"].values() for r in rs if "freetoken" in r), {})
-    ft = first.get("freetoken", "?") + (f"; patched arms: patches/ applied, {PROTECT_ENV}=<mode>"
-                                        if any(arm in PATCHED_ARMS for arm in summary) else "")
-    lines = [f"{env['gpu']} | driver {env['driver']} | torch {env['torch']} | freetoken {ft} | {env['date']}",
-             f"real engine, synthetic qwen4_exp, {record['layers']} layers, disk PLE wait-sync (gate arm: "
-             "launch-gating), graphs bs 2 and 1, "
-             f"3 requests x {record['tokens']} tokens, {record['rounds']} round(s). Per bs (2, 1): decode step GPU ms "
-             "(CUDA events around forward_batch, warm graph steps; host-bound) and graph replay GPU ms (the "
-             "engine's graphs alone, after the run); ratios to the never-uploaded arm",
-             f"{'arm':14} {'fires':>5} {'1st launch ms':>15} {'upload ms/graph':>15} {'capture ms':>10} "
-             f"{'step median [IQR] bs 2 | bs 1':>40} {'/never':>7} {'replay median bs 2 | bs 1':>26} {'/never':>7} "
-             f"{'tokens':>17}"]
-    for arm, s in summary.items():
-        step = " | ".join(f"{q['median']:.4f} [{q['p25']:.4f}-{q['p75']:.4f}]" for q in s["step_gpu_ms"].values())
-        replay = " | ".join(f"{q['median']:.4f}" for q in s["replay_gpu_ms"].values())
-        tokens = ",".join(s["hashes"]) + ("" if arm == s["reference"] or s["same_tokens_as_reference"] else " DIFF")
-        lines.append(f"{arm:14} {s['fires']:>5} {fmt_ms(s['first_launch_ms']):>15} {s['upload_ms_per_graph']:>15.2f} "
-                     f"{s['capture_ms']:>10.1f} {step:>40} {s['step_gpu_vs_never_uploaded']:>7.4f} {replay:>26} "
-                     f"{s['replay_gpu_vs_never_uploaded']:>7.4f} {tokens:>17}")
-        lines += [f"{'':15}! {e}" for e in s["errors"]]
-    controls = [a for a, s in summary.items() if not s["protected"]]
-    if controls:
-        lines.append("negative control (never uploaded): " + ", ".join(
-            f"{a} {'BLOCKED (watchdog fired)' if summary[a]['fires'] else 'never blocked at this size'}"
-            for a in controls))
-    bad = failures(record)
-    reference = next(iter(summary.values()), {}).get("reference", "upstream")
-    lines.append("safety: " + (f"every protected arm: no blocked launch, {reference}'s tokens" if not bad else
-                               "FAILED: " + "; ".join(bad)))
-    return "\n".join(lines)
-
-
 def add_arguments(group: Any) -> None:
-    """``bench``'s ``--engine`` options."""
+    """``bench``'s ``--engine`` options (the model and workload options are shared with ``--serve``)."""
     group.add_argument("--engine", action="store_true", help="run the real-engine comparison")
-    group.add_argument("--layers", type=int, nargs="+", default=[48], help="model sizes (default 48)")
-    group.add_argument("--tokens", type=positive, default=64, help="greedy tokens per request (default 64)")
-    group.add_argument("--arms", nargs="+", default=[a for a in ARMS if a not in PATCHED_ARMS], choices=ARMS,
-                       help="arms (default: upstream, pre-697, gate and every shim mode; add patched, "
-                            "patched-upload, patched-none for the patch series)")
-    group.add_argument("--rounds", type=positive, default=1, help="runs of every arm, in rotated order (default 1)")
-    group.add_argument("--replays", type=positive, default=200, help="timed replays per engine graph (default 200)")
+    group.add_argument("--arms", nargs="+", choices=ARMS, metavar="ARM",
+                       help=f"arms, of: {', '.join(ARMS)} (default: {' '.join(DEFAULT_ARMS)}; patched, "
+                            "patched-upload and patched-none run the patch series)")
+    group.add_argument("--rounds", type=positive, default=4,
+                       help="runs of every arm, each in its own process, in rotated order: the samples of every "
+                            "ratio's band (default 4)")
+    group.add_argument("--replays", type=positive, default=200,
+                       help="timed back-to-back replays per engine graph, after the workload (default 200)")
+    group.add_argument("--trace-steps", type=non_negative, default=24,
+                       help="decode steps per request of the traced run, a process per arm (0: no kernel "
+                            "timeline; default 24)")
     group.add_argument("--no-warmup", dest="warmup", action="store_false",
                        help="no unrecorded warm-up run (kernel compilation then lands on the first arm)")
-    group.add_argument("--hang-timeout", type=float, default=300.0, help="seconds before an engine run is killed")
-    group.add_argument("--logs", metavar="DIR", help="keep each engine process's log here")
-
-
-def main(opts: argparse.Namespace) -> int:
-    """Run the comparison for each ``--layers`` size; exit 1 when a safety target fails."""
-    return run_sizes(opts, "engine", engine_record, render, lambda r: bool(failures(r)))
+    group.add_argument("--hang-timeout", type=seconds, default=300.0,
+                       help="seconds before an engine process is killed (default 300)")

@@ -1,8 +1,12 @@
-"""The synthetic qwen4_exp model that ``bench --engine`` (and ``--serve``) run FreeToken's engine on.
+"""The models the real-engine benches run when the user brings none, written into a directory.
 
-Seeded, nothing downloaded, in FreeToken's FTW layout: the geometry of FreeToken's own GPU toy, with
-the layer count as the knob, the PLE table on the disk backend, so that in CUDA wait-sync mode every
-decode graph starts with a WAIT released after its launch.
+The synthetic qwen4_exp (``build_model_dir``): seeded, nothing downloaded, in FreeToken's FTW layout,
+the geometry of FreeToken's own GPU toy with the layer count as the knob and the PLE table on the
+disk backend, so that in CUDA wait-sync mode every decode graph starts with a WAIT released after its
+launch. And config-only models of other families (``write_config_model``: llama, qwen3, qwen3_moe) for
+``ft serve --dummy-weight``: none of their graphs holds such a WAIT. Every one gets the same small
+byte-level BPE tokenizer, trained (deterministically) on the workload's own text, so that text
+prompts round-trip through FreeToken's ``load_tokenizer`` whatever class it picks for the family.
 """
 
 from __future__ import annotations
@@ -10,21 +14,37 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import tempfile
 from typing import Any
 
+from .workload import COPY_TEXT
+
 MIN_LAYERS = 4  # a QSA layer is every 4th, the PLE layer is 1
-VOCAB, EOS = 512, 7  # EOS is also the PLE n-gram hash boundary
+VOCAB, EOS = 512, 0  # the tokenizer's size; EOS (its one special token) is also the PLE n-gram hash boundary
+MAX_POSITIONS = 131072  # room for #775's 64K context
 PLE_LAYER = 1  # zero-based; config.json counts from one
 PLE_PREFIX = f"model.language_model.layers.{PLE_LAYER}.ple.ple_embedding.ngram_embedding."
 PLE_SCALE = 0.25  # bf16-exact
-ENGINE = dict(  # SchedulerConfig fields the benchmarks set; the rest keep FreeToken's defaults
-    attention_backend="qsa_sparse",  # pure triton: no flashinfer or sgl-kernel
-    moe_strategy="fused",  # resident bf16 experts, triton fused MoE
-    ple_backend="disk",  # DiskRowTable; FREETOKEN_PLE_SYNC=wait puts the WAIT in the graph
-    max_running_req=2, cuda_graph_bs=[1, 2], cuda_graph_max_bs=2,
-    num_token_override=8192,  # 128 KV pages, not 0.9 of the GPU
-    max_extend_tokens=1024, cache_type="radix",
-)
+SYNTHETIC = "qwen4_exp"
+# config-only families for --dummy-weight: the shape of a small release of each (layers: the default)
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048,
+                  intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                  head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True),
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=2048, intermediate_size=6144,
+                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                  rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True),
+    "qwen3_moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
+                      intermediate_size=6144, num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=4,
+                      head_dim=128, num_experts=64, num_experts_per_tok=8, moe_intermediate_size=384,
+                      decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, rms_norm_eps=1e-6,
+                      rope_theta=1000000.0, tie_word_embeddings=False),
+}
+ENGINE_FLAGS = {  # the FreeToken options each written model is meant to run with (after --)
+    SYNTHETIC: "--attention-backend qsa_sparse --moe-strategy fused --text-model-only",
+    **{name: "--dummy-weight --attention-backend triton" for name in FAMILIES},
+}
 
 
 def text_config(layers: int) -> dict[str, Any]:
@@ -34,7 +54,7 @@ def text_config(layers: int) -> dict[str, Any]:
         head_dim=64, num_attention_heads=4, num_key_value_heads=1,
         layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        max_position_embeddings=4096, rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=False,
+        max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=False,
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
         linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=32, linear_value_head_dim=32,
         linear_conv_kernel_dim=4, output_gate_type="sigmoid",
@@ -45,33 +65,22 @@ def text_config(layers: int) -> dict[str, Any]:
         eos_token_id=EOS, bos_token_id=EOS)
 
 
-def prompts() -> list[list[int]]:
-    """Three 40-token prompts: distinct first tokens (no shared radix prefix), an EOS inside the first."""
-    import torch
-
-    g = torch.Generator().manual_seed(5)
-    out = [torch.randint(8, VOCAB, (40,), generator=g).tolist() for _ in range(3)]
-    out[0][17] = EOS
-    for i, p in enumerate(out):
-        p[0] = 100 + i
-    return out
-
-
 def meta_model(folder: str) -> tuple[Any, Any]:
-    """(SchedulerConfig after the engine's own ``_adjust_config``, the model on the meta device)."""
+    """(the synthetic model's configuration as FreeToken's own ``ft serve`` parser makes it from the
+    options every bench runs it with, after the engine's own ``_adjust_config``; the model on the meta
+    device)."""
     import torch
-    from freetoken.distributed import DistributedInfo, set_tp_info, try_get_tp_info
+    from freetoken.distributed import set_tp_info, try_get_tp_info
     from freetoken.engine.engine import _adjust_config
     from freetoken.layers import rotary
-    from freetoken.mm.config import ENCODER_KINDS, MultimodalConfig
     from freetoken.models import create_model
-    from freetoken.scheduler.config import SchedulerConfig
     from freetoken.utils.torch_utils import torch_dtype
+
+    from .target import parse_freetoken_args, synthetic_args
 
     if try_get_tp_info() is None:
         set_tp_info(rank=0, size=1)
-    sc = SchedulerConfig(model_path=folder, tp_info=DistributedInfo(0, 1), dtype=torch.bfloat16, offline_mode=True,
-                         mm=MultimodalConfig(disabled_encoders=frozenset(ENCODER_KINDS)), **ENGINE)
+    sc = parse_freetoken_args(folder, list(synthetic_args(0, 0)))
     _adjust_config(sc)
     rotary.set_rope_device(torch.device("cpu"))  # get_rope refuses the meta device
     with torch.device("meta"), torch_dtype(torch.bfloat16):
@@ -99,6 +108,68 @@ def random_weight(name: str, shape: tuple[int, ...], dtype: Any, g: Any) -> Any:
     return (0.02 * torch.randn(shape, generator=g)).to(dtype)
 
 
+def write_tokenizer(folder: str) -> None:
+    """A byte-level BPE tokenizer of ``VOCAB`` ids trained on the workload's text, EOS its only special
+    token, with a chat template (without one FreeToken's ``load_tokenizer`` asks the Hugging Face hub
+    for ``chat_template.json``: about 30 s of retries on a machine without network)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([COPY_TEXT.read_text(encoding="utf-8")], trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    assert tok.token_to_id("<|endoftext|>") == EOS and tok.get_vocab_size() == VOCAB
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as fh:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+                   "model_max_length": MAX_POSITIONS,
+                   "chat_template": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"}, fh)
+
+
+def write_config_model(folder: str, family: str, layers: int | None = None) -> None:
+    """``config.json`` of a small ``family`` model (``FAMILIES``; ``layers`` overrides its default) and
+    the tokenizer: a model directory for ``--dummy-weight``, no weights."""
+    config = dict(FAMILIES[family], vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, torch_dtype="bfloat16",
+                  hidden_act="silu", bos_token_id=EOS, eos_token_id=EOS)
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump(config, fh, indent=1)
+    write_tokenizer(folder)
+
+
+def write_model(folder: str, family: str, layers: int | None) -> str:
+    """``bench --write-model``: the synthetic qwen4_exp (``layers``, default 48) or a config-only
+    ``family`` model into ``folder``, a new or empty directory; all or nothing (written beside it, then
+    renamed). Returns the line that says how to run it."""
+    if family == SYNTHETIC:
+        check_layers(48 if layers is None else layers)
+    elif layers is not None and layers < 1:
+        raise ValueError(f"--layers {layers}: accepted values are 1 or more")
+    folder = os.path.abspath(folder)
+    if os.path.exists(folder) and not (os.path.isdir(folder) and not os.listdir(folder)):
+        raise ValueError(f"--write-model {folder!r} already exists and is not an empty directory; accepted values "
+                         "are a new or empty directory")
+    parent = os.path.dirname(folder)
+    if not os.path.isdir(parent):
+        raise ValueError(f"--write-model {folder!r}: its parent directory does not exist")
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
+    try:
+        if family == SYNTHETIC:
+            build_model_dir(staging, 48 if layers is None else layers)
+        else:
+            write_config_model(staging, family, layers)
+        if os.path.isdir(folder):
+            os.rmdir(folder)
+        os.rename(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return (f"wrote a {family} model to {folder}; run it with: python -m freetoken_graphfix bench --engine "
+            f"--model {folder} -- {ENGINE_FLAGS[family]}")
+
+
 def check_layers(layers: int) -> None:
     if layers < MIN_LAYERS:
         raise ValueError(f"layers={layers}: need at least {MIN_LAYERS} (a QSA layer is every 4th, the PLE layer is 1)")
@@ -114,23 +185,12 @@ def build_model_dir(folder: str, layers: int, seed: int = 1234) -> dict[str, Any
     from freetoken.checkpoint.ftw import FTWWriter
     from freetoken.models.qwen4_exp.ple import derive_ngram_hash_constants
     from safetensors.torch import save_file
-    from tokenizers import Tokenizer, models, pre_tokenizers
 
     check_layers(layers)
     with open(os.path.join(folder, "config.json"), "w") as fh:
         json.dump({"architectures": ["Qwen4ExpForConditionalGeneration"], "model_type": "qwen4_exp",
                    "image_token_id": 248056, "tie_word_embeddings": False, "text_config": text_config(layers)}, fh)
-    tok = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(VOCAB)}, unk_token="<0>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(os.path.join(folder, "tokenizer.json"))
-    # every word an added token: qwen4_exp's config.json makes AutoTokenizer (FreeToken's
-    # utils/hf.py load_tokenizer) build a Qwen3.5 BPE tokenizer, which drops the WordLevel words, so
-    # a text prompt to ft serve would become zero or one token
-    words = {str(i): {"content": f"<{i}>", "lstrip": False, "rstrip": False, "normalized": False,
-                      "single_word": False, "special": False} for i in range(VOCAB)}
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as fh:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": f"<{EOS}>", "model_max_length": 4096,
-                   "added_tokens_decoder": words}, fh)
+    write_tokenizer(folder)
 
     sc, model = meta_model(folder)
     mc, a4 = sc.model_config, sc.model_config.qwen4_args

@@ -3,10 +3,11 @@
 Users run FreeToken's server, not its offline ``LLM``: an API server, tokenizer workers and a
 spawned scheduler that captures the graphs, and runtime recaptures (``POST /v1/cache/rebuild``).
 Per arm, a fresh ``python -m freetoken.cli serve`` (FreeToken's own CLI, what ``ft`` runs) on the
-synthetic qwen4_exp of ``model``, in its own process group, with ``FREETOKEN_PLE_SYNC=wait`` and
-only ``FT_GRAPH_UPLOAD`` set for shim arms (the ``.pth`` brings the shim in, as for a user). Then,
-with the ``openai`` client streaming: a single request (bs 1) twice, a concurrent pair (bs 2)
-twice, a rebuild to another KV size, the same again, ``GET /v1/cache/status``; and a clean stop
+synthetic qwen4_exp of ``model`` or on ``--model`` with the FreeToken options after ``--``, in its
+own process group, with ``FREETOKEN_PLE_SYNC=wait`` and only ``FT_GRAPH_UPLOAD`` set for shim arms
+(the ``.pth`` brings the shim in, as for a user). Then, with the ``openai`` client streaming the
+copy workload's prompts: a single request (bs 1) twice, a concurrent pair (bs 2) twice, a rebuild
+to three quarters of the KV pages, the same again, ``GET /v1/cache/status``; and a clean stop
 (SIGINT, a bounded wait, then SIGKILL of the group), reporting which was needed and what outlived it.
 """
 
@@ -16,13 +17,11 @@ import argparse
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -31,30 +30,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .common import ERR, environment, run_sizes
+from .common import Case, environment, seconds
 from .engine import PATCHED_ARMS, SHIM_ARMS, arm_env, patched_freetoken
-from .model import VOCAB, build_model_dir
+from .workload import PAIR, SINGLE, build, load_tokenizer, read_text
 
 ARMS = ("upstream", *SHIM_ARMS, *PATCHED_ARMS)
-NEGATIVE = ("skip", "patched-none")  # unprotected: the first decode may deadlock, the server never answers
-PROTECTED = tuple(a for a in ARMS if a not in NEGATIVE)
-SERVE_ARGS = ("--attention-backend", "qsa_sparse", "--moe-strategy", "fused", "--ple-backend", "disk",
-              "--cuda-graph-max-bs", "2", "--max-running-requests", "2", "--num-tokens", "8192",
-              "--cache-type", "radix", "--text-model-only", "--served-model-name", "synthetic")
-REBUILD_PAGES = 96  # from the 128 pages of --num-tokens 8192: a capture pass after serving started
+DEFAULT_ARMS = ("upstream", "auto", "deferred", "warm", "upload", "skip")
+NEGATIVE = ("skip", "patched-none")  # unprotected: with a WAIT the first decode may deadlock, never answering
+REQUESTS = 12  # single x2 and the pair x2, before and after the rebuild
 PASS_LINE = re.compile(r"\[freetoken_graphfix pid=(\d+)\] INFO (capture pass \d+: .*)")
-
-
-def prompts() -> dict[str, str]:
-    """Three 40-word prompts in the synthetic vocabulary (words ``<id>``, each one token)."""
-    import random
-
-    rng = random.Random(5)
-    return {name: " ".join(f"<{rng.randrange(8, VOCAB)}>" for _ in range(40)) for name in ("single", "left", "right")}
-
-
-def token_ids(text: str) -> list[int]:
-    return [int(m) for m in re.findall(r"<(\d+)>", text)]
+WAIT_PASS = "PLE wait-sync"  # how the shim's capture-pass line names a graph holding the host-released WAIT
+NO_WAIT_PASS = "no host-released WAIT"  # and one without
 
 
 # ---------------------------------------------------------------- one server
@@ -65,11 +51,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(arm: str, model_dir: str, log_path: str, patched: str | None) -> tuple[subprocess.Popen, int]:
+def start(arm: str, model_dir: str, ft_args: list[str], log_path: str,
+          patched: str | None) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    env = arm_env(arm, patched)  # FREETOKEN_PLE_SYNC=wait: the WAIT is in every decode graph
+    env = arm_env(arm, patched)  # FREETOKEN_PLE_SYNC=wait: a PLE table puts its WAIT in every decode graph
     cmd = [sys.executable, "-m", "freetoken.cli", "serve", "--model", model_dir, "--host", "127.0.0.1",
-           "--port", str(port), *SERVE_ARGS]
+           "--port", str(port), *ft_args]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return proc, port
@@ -103,22 +90,22 @@ def wait_ready(proc: subprocess.Popen, port: int, timeout_s: float) -> float:
     raise RuntimeError(f"not ready after {timeout_s:.0f} s")
 
 
-def stream(client: Any, prompt: str, tokens: int) -> dict[str, Any]:
-    """One streamed completion: client-side time to first token and inter-token gaps, the ids."""
+def stream(client: Any, model: str, prompt: str, tokens: int) -> dict[str, Any]:
+    """One streamed completion: client-side time to first token and between chunks (one a token), the
+    text and how many chunks carried it."""
     t0 = time.perf_counter()
     stamps, text = [], []
     try:
-        for chunk in client.completions.create(model="synthetic", prompt=prompt, max_tokens=tokens, temperature=0,
+        for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=tokens, temperature=0,
                                                stream=True, extra_body={"ignore_eos": True}):
-            piece = chunk.choices[0].text if chunk.choices else ""
-            if piece:
-                stamps.extend([time.perf_counter()] * max(1, len(token_ids(piece))))
-                text.append(piece)
+            if chunk.choices:
+                stamps.append(time.perf_counter())
+                text.append(chunk.choices[0].text or "")
     except Exception as exc:  # a client timeout is how a deadlocked server shows
-        return {"hung": True, "error": f"{type(exc).__name__}: {exc}", "tokens": token_ids("".join(text))}
+        return {"hung": True, "error": f"{type(exc).__name__}: {exc}", "text": "".join(text), "chunks": len(text)}
     itl = [1e3 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False) if b > a]
     return {"hung": False, "ttft_ms": 1e3 * (stamps[0] - t0) if stamps else None, "itl_ms": itl,
-            "tokens": token_ids("".join(text))}
+            "text": "".join(text), "chunks": len(text)}
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> dict[str, Any]:
@@ -158,41 +145,42 @@ def group_members(group: int) -> list[int]:
     return members
 
 
-def run_arm(arm: str, model_dir: str, opts: argparse.Namespace, log_dir: str, patched: str | None) -> dict[str, Any]:
+def run_arm(arm: str, model_dir: str, ft_args: list[str], texts: dict[str, str], opts: argparse.Namespace,
+            log_dir: str, patched: str | None) -> dict[str, Any]:
     """One server for ``arm``, the request sequence, the stop; every figure of it."""
     import openai
 
     log_path = os.path.join(log_dir, f"serve-{arm}.log")
-    proc, port = start(arm, model_dir, log_path, patched)
+    proc, port = start(arm, model_dir, ft_args, log_path, patched)
+    base = f"http://127.0.0.1:{port}"
     rec: dict[str, Any] = {"arm": arm, "log": log_path, "requests": [], "hung": 0}
     try:
         rec["ready_s"] = wait_ready(proc, port, opts.ready_timeout)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
-                               timeout=opts.request_timeout, max_retries=0)
-        text = prompts()
+        model = http("GET", f"{base}/v1/models")[1]["data"][0]["id"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=opts.request_timeout, max_retries=0)
         for phase in ("before", "after"):
             if phase == "after":
+                pages = int(http("GET", f"{base}/v1/cache/status")[1]["geometry"]["num_pages"]) * 3 // 4
                 t0 = time.perf_counter()
-                status, doc = http("POST", f"http://127.0.0.1:{port}/v1/cache/rebuild",
-                                   {"num_pages": REBUILD_PAGES}, timeout=opts.ready_timeout)
+                status, doc = http("POST", f"{base}/v1/cache/rebuild", {"num_pages": pages}, timeout=opts.ready_timeout)
                 rec["rebuild"] = {"http": status, "status": doc.get("status"), "s": time.perf_counter() - t0,
-                                  "error": doc.get("error")}
+                                  "error": doc.get("error"), "num_pages": pages}
                 if status != 200:
                     break
             for round_ in ("first", "steady"):
-                single = stream(client, text["single"], opts.tokens)
-                rec["requests"].append({"phase": phase, "round": round_, "bs": 1, "name": "single", **single})
+                single = stream(client, model, texts[SINGLE], opts.decode_steps)
+                rec["requests"].append({"phase": phase, "round": round_, "bs": 1, "name": SINGLE, **single})
                 if single["hung"]:
                     raise TimeoutError("a request hung")
                 with ThreadPoolExecutor(2) as pool:
-                    pair = list(pool.map(lambda p: stream(client, text[p], opts.tokens), ("left", "right")))
-                for name, r in zip(("left", "right"), pair, strict=True):
+                    pair = list(pool.map(lambda p: stream(client, model, texts[p], opts.decode_steps), PAIR))
+                for name, r in zip(PAIR, pair, strict=True):
                     rec["requests"].append({"phase": phase, "round": round_, "bs": 2, "name": name, **r})
                 if any(r["hung"] for r in pair):
                     raise TimeoutError("a request hung")
-        status, doc = http("GET", f"http://127.0.0.1:{port}/v1/cache/status")
+        status, doc = http("GET", f"{base}/v1/cache/status")
         rec["cache_status"] = {"http": status, "num_pages": doc.get("geometry", {}).get("num_pages")}
-    except (RuntimeError, TimeoutError, OSError) as exc:
+    except (RuntimeError, TimeoutError, OSError, KeyError, IndexError, ValueError) as exc:
         rec["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         rec["hung"] = sum(r["hung"] for r in rec["requests"])
@@ -209,31 +197,41 @@ def capture_passes(log_path: str) -> list[tuple[int, str]]:
 
 # ---------------------------------------------------------------- the comparison
 
-def problems(rec: dict[str, Any], reference: dict[str, Any] | None) -> list[str]:
+def wait_case_of(runs: dict[str, dict[str, Any]], expects_wait: bool) -> bool:
+    """Whether the model's decode graphs hold a host-released WAIT: what the shim's capture passes
+    said in the shim arms' schedulers, or the model's config where no shim arm logged a pass."""
+    lines = [line for rec in runs.values() for _, line in rec["passes"]]
+    if any(WAIT_PASS in line for line in lines):
+        return True
+    return False if any(NO_WAIT_PASS in line for line in lines) else expects_wait  # upload's lines name no WAIT
+
+
+def problems(rec: dict[str, Any], reference: dict[str, Any] | None, wait_case: bool = True) -> list[str]:
     """What fails this arm: a protected arm that hung, lost a request, changed a single request's
-    tokens (deterministic: nothing to batch with), or left a process; a negative control that
-    never hung (it could not fail, so it proves nothing); a shim arm without its capture passes."""
+    text (deterministic: nothing to batch with), or left a process; where the graphs hold a
+    host-released WAIT, a negative control that never hung (it could not fail, so it proves
+    nothing), and elsewhere every arm is held to the protected standard; a shim arm without its
+    capture passes."""
     arm, out = rec["arm"], []
     if rec["outlived"] or rec.get("stragglers"):
         out.append(f"processes outlived the arm: {rec['outlived'] or rec['stragglers']}"
                    + ("" if rec["outlived"] else " (killed once the server had exited)"))
-    if arm in NEGATIVE:
+    if arm in NEGATIVE and wait_case:
         if not rec["hung"]:
             out.append("the negative control never hung at this size: it could not have failed")
         return out
     if "error" in rec:
         out.append(rec["error"])
-    expected = 12
-    answered = [r for r in rec["requests"] if not r["hung"] and len(r["tokens"]) > 0]
-    if len(answered) < expected:
-        out.append(f"{len(answered)} of {expected} requests answered")
+    answered = [r for r in rec["requests"] if not r["hung"] and r["chunks"] > 0]
+    if len(answered) < REQUESTS:
+        out.append(f"{len(answered)} of {REQUESTS} requests answered")
     if rec.get("rebuild", {}).get("status") != "ok":
         out.append(f"rebuild: {rec.get('rebuild')}")
-    singles = {r["tokens"] == _single(rec) for r in rec["requests"] if r["name"] == "single"}
+    singles = {r["text"] == _single(rec) for r in rec["requests"] if r["name"] == SINGLE}
     if singles != {True}:
-        out.append("the single request's tokens changed between its runs")
+        out.append("the single request's text changed between its runs")
     if reference is not None and arm != reference["arm"] and _single(rec) != _single(reference):
-        out.append("the single request's tokens differ from upstream's")
+        out.append("the single request's text differs from upstream's")
     if arm in SHIM_ARMS:
         pids = {pid for pid, line in rec["passes"]}
         if not any(sum(p == pid for p, _ in rec["passes"]) >= 2 for pid in pids):
@@ -241,15 +239,15 @@ def problems(rec: dict[str, Any], reference: dict[str, Any] | None) -> list[str]
     return out
 
 
-def _single(rec: dict[str, Any]) -> list[int] | None:
-    return next((r["tokens"] for r in rec["requests"] if r["name"] == "single"), None)
+def _single(rec: dict[str, Any]) -> str | None:
+    return next((r["text"] for r in rec["requests"] if r["name"] == SINGLE), None)
 
 
 def pair_stable(rec: dict[str, Any]) -> bool | None:
-    """Whether the concurrent pair produced the same tokens in all four of its runs (before and after
+    """Whether the concurrent pair produced the same text in all four of its runs (before and after
     the rebuild). Not a failure: how two concurrent requests are batched depends on arrival."""
-    runs = [tuple(tuple(r["tokens"]) for r in rec["requests"] if r["bs"] == 2 and r["phase"] == p and
-                  r["round"] == q) for p in ("before", "after") for q in ("first", "steady")]
+    runs = [tuple(r["text"] for r in rec["requests"] if r["bs"] == 2 and r["phase"] == p and r["round"] == q)
+            for p in ("before", "after") for q in ("first", "steady")]
     runs = [r for r in runs if len(r) == 2]
     return None if len(runs) < 2 else len(set(runs)) == 1
 
@@ -266,10 +264,16 @@ def latency(rec: dict[str, Any], phase: str, round_: str, bs: int) -> dict[str, 
 
 def render(record: dict[str, Any]) -> str:
     env, runs = record["env"], record["runs"]
+    case = ("its decode graphs hold a host-released WAIT (PLE wait-sync): skip and patched-none are negative "
+            "controls and must hang" if record["wait_case"] else
+            "no decode graph holds a host-released WAIT: every arm must answer, shim arms are no-ops")
     lines = [f"{env['gpu']} | driver {env['driver']} | torch {env['torch']} | {env['date']}",
-             f"ft serve, synthetic qwen4_exp, {record['layers']} layers, disk PLE wait-sync, graphs bs 1 and 2; "
-             f"per arm: single x2, concurrent pair x2, rebuild to {REBUILD_PAGES} pages, the same again; "
-             f"{record['tokens']} tokens a request; client-side ms (TTFT: the slower of the batch)",
+             f"ft serve, {record['model']}" + (f"; FreeToken options: {' '.join(record['ft_args'])}"
+                                               if record["ft_args"] else ""),
+             f"case: {case}",
+             f"per arm: single x2, concurrent pair x2, rebuild to 3/4 of the KV pages, the same again; a "
+             f"{record['context']}-token copy prompt and {record['decode_steps']} tokens a request; client-side ms "
+             "(TTFT: the slower of the batch)",
              f"{'arm':14} {'ready s':>7} {'hung':>4} {'rebuild':>8} {'bs1 1st TTFT':>12} {'bs1 TTFT':>8} "
              f"{'bs1 ITL med/p90':>15} {'bs2 1st TTFT':>12} {'bs2 ITL med/p90':>15} {'after: bs1 1st':>14} "
              f"{'pair same':>9} {'stop':>8} {'passes':>6}"]
@@ -290,69 +294,65 @@ def render(record: dict[str, Any]) -> str:
             f"{'-' if stable is None else 'yes' if stable else 'no':>9} {rec['stopped_by'].split()[0]:>8} "
             f"{len(rec['passes']):>6}")
         lines += [f"{'':15}! {p}" for p in record["problems"][arm]]
-    lines.append("tokens: single requests compared across arms (nothing to batch with, so deterministic); the pair "
+    lines.append("text: single requests compared across arms (nothing to batch with, so deterministic); the pair "
                  "against itself before and after the rebuild ('pair same', informational: batching follows arrival)")
     bad = {arm: p for arm, p in record["problems"].items() if p}
+    controls = "; every negative control hung" if record["wait_case"] else ""
     lines.append("safety: " + ("every protected arm answered every request before and after the rebuild, upstream's "
-                               "tokens, nothing left running; every negative control hung" if not bad else
+                               f"text, nothing left running{controls}" if not bad else
                                "FAILED: " + "; ".join(f"{a}: {', '.join(p)}" for a, p in bad.items())))
     return "\n".join(lines)
 
 
-def serve_record(layers: int, opts: argparse.Namespace, log_dir: str) -> dict[str, Any]:
-    """Build the model, then run the arms: the first one alone (it compiles FreeToken's kernels into
+def serve_record(case: Case, opts: argparse.Namespace, log_dir: str) -> dict[str, Any]:
+    """Run the arms on ``case``'s model: the first one alone (it compiles FreeToken's kernels into
     their caches; so does the first patched arm, another path), the rest ``opts.jobs`` at a time."""
-    model_dir = tempfile.mkdtemp(prefix=f"graphfix-serve-{layers}L-", dir=log_dir)
     patched = patched_freetoken(opts.arms, log_dir)
     runs: dict[str, dict[str, Any]] = {}
     lock = threading.Lock()
+    ft_args = list(case.target.ft_args)
+    with case.model_dir(log_dir) as model_dir:
+        texts = {p.name: p.text for p in build(load_tokenizer(model_dir), opts.context,
+                                               read_text(opts.prompt_file)).values()}
 
-    def one(arm: str) -> None:
-        rec = run_arm(arm, model_dir, opts, log_dir, patched)
-        with lock:
-            runs[arm] = rec
-            print(f"serve {layers}L {arm}: ready {rec.get('ready_s', float('nan')):.1f} s, hung {rec['hung']}, "
-                  f"rebuild {(rec.get('rebuild') or {}).get('status')}, stop {rec['stopped_by']}"
-                  + (f", {rec['error']}" if "error" in rec else ""), file=sys.stderr, flush=True)
+        def one(arm: str) -> None:
+            rec = run_arm(arm, model_dir, ft_args, texts, opts, log_dir, patched)
+            with lock:
+                runs[arm] = rec
+                print(f"serve {case.label} {arm}: ready {rec.get('ready_s', float('nan')):.1f} s, hung {rec['hung']}, "
+                      f"rebuild {(rec.get('rebuild') or {}).get('status')}, stop {rec['stopped_by']}"
+                      + (f", {rec['error']}" if "error" in rec else ""), file=sys.stderr, flush=True)
 
-    try:
-        build_model_dir(model_dir, layers)
         firsts = [a for a in (opts.arms[0], next((a for a in opts.arms if a in PATCHED_ARMS), None)) if a]
         for arm in dict.fromkeys(firsts):
             one(arm)
         with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
             list(pool.map(one, [a for a in opts.arms if a not in runs]))
-    finally:
-        shutil.rmtree(model_dir, ignore_errors=True)
     runs = {arm: runs[arm] for arm in opts.arms}
     reference = runs.get("upstream")
-    env = environment()
-    return {"layers": layers, "tokens": opts.tokens, "jobs": opts.jobs, "env": env, "runs": runs,
-            "problems": {arm: problems(rec, reference) for arm, rec in runs.items()}}
+    wait_case = wait_case_of(runs, case.target.expects_wait)
+    return {"model": case.target.describe(), "label": case.label, "ft_args": ft_args, "context": opts.context,
+            "decode_steps": opts.decode_steps, "jobs": opts.jobs, "env": environment(), "runs": runs,
+            "wait_case": wait_case,
+            "problems": {arm: problems(rec, reference, wait_case) for arm, rec in runs.items()}}
 
 
 def add_arguments(group: Any) -> None:
-    """``bench``'s ``--serve`` options (``--layers``, ``--tokens``, ``--logs`` and ``--jobs`` are shared)."""
+    """``bench``'s ``--serve`` options (the model and workload options are shared with ``--engine``)."""
     group.add_argument("--serve", action="store_true", help="run the real-server comparison")
-    group.add_argument("--serve-arms", nargs="+", default=[a for a in ARMS if a not in PATCHED_ARMS], choices=ARMS,
-                       help="arms (default: upstream and every shim mode; add patched, patched-upload, "
-                            "patched-none for the patch series)")
-    group.add_argument("--ready-timeout", type=float, default=300.0, help="seconds for a server to be ready")
-    group.add_argument("--request-timeout", type=float, default=45.0,
+    group.add_argument("--serve-arms", nargs="+", choices=ARMS, metavar="ARM",
+                       help=f"arms, of: {', '.join(ARMS)} (default: {' '.join(DEFAULT_ARMS)}; patched, "
+                            "patched-upload and patched-none run the patch series)")
+    group.add_argument("--ready-timeout", type=seconds, default=300.0,
+                       help="seconds for a server to be ready (default 300)")
+    group.add_argument("--request-timeout", type=seconds, default=45.0,
                        help="seconds before a request counts as hung (default 45)")
 
 
-def main(opts: argparse.Namespace) -> int:
-    """Run the comparison for each ``--layers`` size; exit 1 when a protected arm fails."""
+def openai_missing() -> str | None:
+    """Why ``--serve`` cannot run here, or ``None``."""
     try:
         import openai  # noqa: F401
     except ImportError:
-        print("bench --serve: needs the openai client: pip install 'freetoken-graphfix[serve]'", file=sys.stderr)
-        return ERR
-    for name in ("ready_timeout", "request_timeout"):
-        if getattr(opts, name) <= 0:
-            print(f"bench --serve: --{name.replace('_', '-')} {getattr(opts, name)!r}: accepted values are "
-                  "seconds above 0", file=sys.stderr)
-            return ERR
-    opts.arms = opts.serve_arms
-    return run_sizes(opts, "serve", serve_record, render, lambda r: any(r["problems"].values()))
+        return "bench --serve: needs the openai client: pip install 'freetoken-graphfix[serve]'"
+    return None

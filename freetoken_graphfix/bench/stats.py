@@ -166,3 +166,14 @@ def verdict(table: list[dict[str, Any]]) -> str:
             "no cost this run can resolve (its band is wider than 0.5%: run with more --instances)" if wide else
             "no measurable cost on this GPU")
     return f"verdict: upload vs never uploaded (skip) replay: {parts} (± 2 standard errors over instances): {tail}"
+
+
+def paired_ratio(arm: list[float | None], base: list[float | None]) -> tuple[float, float]:
+    """``arm / base`` over rounds of separate processes, each round paired with itself (the arms of a
+    round run back to back in rotated order, so drift between rounds cancels): the geometric mean of
+    the per-round ratios and its relative standard error over rounds. ``(nan, nan)`` with fewer than
+    two rounds where both arms have a figure: a band needs at least two."""
+    logs = [math.log(a / b) for a, b in zip(arm, base, strict=False) if a and b]
+    if len(logs) < 2:
+        return math.nan, math.nan
+    return math.exp(statistics.fmean(logs)), statistics.stdev(logs) / math.sqrt(len(logs))

@@ -1,0 +1,225 @@
+"""``bench --engine/--serve --model`` on CPU: the models ``--write-model`` writes, checked against
+FreeToken 0.2.1's own parser, tokenizer loader and model builder; what a model's config says about a
+host-released WAIT; #775's copy workload; the one-line refusals of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from freetoken_graphfix.bench import cli, engine, engine_report, model, target, workload
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """One written model per family: the synthetic qwen4_exp (8 layers) and the config-only ones."""
+    root = tmp_path_factory.mktemp("models")
+    for family in cli.FAMILIES:
+        model.write_model(str(root / family), family, 8 if family == model.SYNTHETIC else 2)
+    return root
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
+def test_config_only_models_build_in_freetoken(models, family):
+    """FreeToken's own parser, config resolution and model registry take the config (on the meta
+    device: its dummy weights need the GPU); the graph sizes are FreeToken's own for the options."""
+    import torch
+    from freetoken.distributed import set_tp_info, try_get_tp_info
+    from freetoken.engine.engine import _adjust_config
+    from freetoken.layers import rotary
+    from freetoken.models import create_model
+    from freetoken.utils.torch_utils import torch_dtype
+
+    if try_get_tp_info() is None:
+        set_tp_info(rank=0, size=1)
+    args = target.parse_freetoken_args(str(models / family), model.ENGINE_FLAGS[family].split())
+    _adjust_config(args)
+    rotary.set_rope_device(torch.device("cpu"))
+    with torch.device("meta"), torch_dtype(torch.bfloat16):
+        built = create_model(args.model_config)
+    assert args.use_dummy_weight and type(built).__name__ == model.FAMILIES[family]["architectures"][0]
+    assert args.model_config.num_layers == 2
+
+
+@pytest.mark.parametrize("family, flags, expects_wait", [
+    ("qwen4_exp", [], True),  # the synthetic checkpoint: disk PLE table, real weights
+    ("qwen4_exp", ["--dummy-weight"], False),  # dummy weights attach a zero table, no WAIT
+    ("qwen4_exp", ["--ple-backend", "pinned"], False),  # the pinned table gathers without a WAIT
+    ("llama", ["--dummy-weight"], False),
+    ("qwen3_moe", ["--dummy-weight", "--max-running-requests", "1"], False),
+])
+def test_what_a_models_config_says_about_the_wait(models, family, flags, expects_wait):
+    t = target.from_model(str(models / family), flags)
+    assert (t.family, t.expects_wait, t.synthetic) == (family, expects_wait, False)
+    assert t.max_positions == model.MAX_POSITIONS
+    assert t.max_running == (1 if "1" in flags else 4)  # FreeToken's own default otherwise
+    assert ("host-released WAIT (PLE wait-sync)" in t.describe()) == expects_wait
+
+
+def test_a_multimodal_config_is_read_through_its_text_config():
+    cfg = {"architectures": ["Qwen4ExpForConditionalGeneration"], "model_type": "qwen4_exp",
+           "text_config": {"model_type": "qwen4_exp_text", "max_position_embeddings": 1024}}
+    assert target.family(cfg) == ("qwen4_exp", "Qwen4ExpForConditionalGeneration", 1024)
+    assert target.family({"text_config": {"model_type": "x"}}) == ("x", "unknown", None)
+
+
+@pytest.mark.parametrize("family", cli.FAMILIES)
+def test_the_copy_workload_in_the_models_own_tokens(models, family):
+    """Every request exactly ``--context`` tokens of FreeToken's own tokenizer for the model, each
+    starting at another place in the text (no shared prefix past the instruction)."""
+    tok = workload.load_tokenizer(str(models / family))
+    prompts = workload.build(tok, 1000, workload.read_text(None))
+    assert [len(p.ids) for p in prompts.values()] == [1000] * 3
+    head = len(tok.encode(workload.INSTRUCTION, add_special_tokens=False))
+    assert len({tuple(p.ids[head:head + 8]) for p in prompts.values()}) == 3
+    single = prompts[workload.SINGLE]
+    assert "Apache License" in single.text and single.text.startswith(workload.INSTRUCTION)
+    again = tok.encode(single.text, add_special_tokens=False)
+    assert abs(len(again) - 1000) <= 4  # a server re-tokenises the text: seams of the repeats may merge
+
+
+def test_a_context_too_short_for_the_instruction_is_named(models):
+    tok = workload.load_tokenizer(str(models / "llama"))
+    with pytest.raises(ValueError, match=r"--context 5: too short for the copy instruction; accepted values are \d+"):
+        workload.build(tok, 5, "text")
+
+
+def test_synthetic_kv_holds_two_requests_of_the_workload():
+    args = target.synthetic_args(65536, 200)
+    assert int(args[args.index("--num-tokens") + 1]) >= 2 * (65536 + 200)
+    assert int(target.synthetic_args(16, 8)[args.index("--num-tokens") + 1]) == 8192
+
+
+def write_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1].split("error: ", 1)[1]
+
+
+def test_write_model_is_all_or_nothing(tmp_path, capsys):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    assert write_error(["--write-model", str(tmp_path / "full"), "--family", "llama"], capsys) == (
+        f"--write-model {str(tmp_path / 'full')!r} already exists and is not an empty directory; accepted values "
+        "are a new or empty directory")
+    assert write_error(["--write-model", str(tmp_path / "m"), "--layers", "2"], capsys).startswith(
+        "layers=2: need at least 4")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # nothing left behind
+    assert cli.main(["--write-model", str(tmp_path / "m"), "--family", "llama", "--layers", "3"]) == 0
+    written = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert written["num_hidden_layers"] == 3 and "--dummy-weight" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "m"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "/nonexistent"], "--model '/nonexistent' does not exist; accepted values are a model directory"),
+    (["--model", "{file}"], "is not a directory; accepted values are a model directory"),
+    (["--model", "{empty}"], "no config.json there; accepted values are a model directory"),
+    (["--model", "{llama}", "--", "--dummy-weight", "--bogus"],
+     "FreeToken option after --: unrecognized arguments: --bogus (FreeToken's own ft serve options)"),
+    (["--model", "{llama}", "--", "--attention-backend", "nope"], "FreeToken option after --: argument"),
+    (["--model", "{llama}", "--", "--port", "8000"], "FreeToken option after --: --port: the bench sets it itself"),
+    (["--", "--dummy-weight"], "FreeToken options after -- need --model"),
+    (["--model", "{llama}", "--layers", "48", "--", "--dummy-weight"], "--layers sizes the synthetic model"),
+    (["--model", "{llama}", "--context", "131000", "--", "--dummy-weight"],
+     "--context 131000 + --decode-steps 200 = 131200 tokens: the model holds at most 131072"),
+    (["--prompt-file", "/nonexistent.txt"], "--prompt-file '/nonexistent.txt': cannot be read as UTF-8 text"),
+])
+def test_bad_model_input_is_one_line_naming_it(models, tmp_path, capsys, args, message):
+    (tmp_path / "file").write_text("")
+    (tmp_path / "empty").mkdir()
+    args = [a.format(file=tmp_path / "file", empty=tmp_path / "empty", llama=models / "llama") for a in args]
+    for mode in ("--engine", "--serve"):
+        assert cli.main([mode, *args]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and err[0].startswith("python -m freetoken_graphfix bench: error:")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine", "--context", "0"], "argument --context: '0': accepted values are whole numbers of 1 or more"),
+    (["--model", "x"], "--model runs with --engine or --serve"),
+    (["--json", "/nonexistent/dir/x.json", "--startup"], "--json '/nonexistent/dir/x.json': cannot be written"),
+    (["--engine", "--watchdog", "nan"], "argument --watchdog: 'nan': accepted values are seconds above 0"),
+    (["--engine", "--hang-timeout", "-5"], "argument --hang-timeout: '-5': accepted values are seconds above 0"),
+])
+def test_bad_options_are_refused_before_anything_runs(capsys, args, message):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(args)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_good_model_gets_as_far_as_the_gpu(models, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert cli.main(["--engine", "--model", str(models / "llama"), "--", "--dummy-weight"]) == 1
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def no_wait_result(**over):
+    """An engine result on a model without a PLE table (llama with dummy weights)."""
+    r = {"freetoken": "0.2.1", "table": "NoneType", "wait_sync": False, "fill_worker": False, "graph_bs": [1, 2, 4],
+         "captured_waits": 0, "steps": {"prefill": 3, "decode": 0, "graph": 300}, "fires": [],
+         "first_launch_ms": {"2": 0.4, "1": 0.3}, "capture_ms": [500.0], "upload_ms": [1.0, 0.9, 0.9],
+         "step_gpu_ms": {"2": [3.3, 3.31], "1": [3.0, 3.0]}, "replay_gpu_ms": {"2": [1.5], "1": [1.2]},
+         "token_hash": "aaaa", "distinct_tokens": 90, "shim": None, "free_mib_after_capture": 9000.0,
+         "first_launch_free_mib": {"2": [9000.0, 9000.0], "1": [9000.0, 9000.0]}}
+    r.update(over)
+    return r
+
+
+def shim(mode, action, graphs=3):
+    return {"installed": True, "mode": mode, "patched": True, "reason": "ok",
+            "passes": [{"graphs": [{"action": action}] * graphs}]}
+
+
+def judged(**arms):
+    runs = {arm: [dict(r) for r in rs] for arm, rs in arms.items()}
+    return {"model": "llama", "label": "llama", "layers": None, "ft_args": ["--dummy-weight"], "context": 4096,
+            "decode_steps": 200, "rounds": 2, "env": {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"},
+            "expects_wait": False, "runs": runs, "traced": {}, "command": "python -m freetoken_graphfix bench ...",
+            **engine.judge(runs, {}, False)}
+
+
+def test_without_a_wait_every_shim_arm_is_a_no_op_and_every_arm_must_match():
+    """No graph holds a host-released WAIT: no-op is the success, nothing is a negative control,
+    and a never-uploaded arm that changed the tokens is a failure like any other."""
+    good = judged(upstream=[no_wait_result()] * 2, **{"pre-697": [no_wait_result(upload_ms=[])] * 2},
+                  auto=[no_wait_result(shim=shim("auto", "no-op"))] * 2,
+                  upload=[no_wait_result(shim=shim("upload", "upload"))] * 2)
+    assert not good["wait_case"] and engine.failures(good) == []
+    assert all(s["protected"] for s in good["summary"].values()) and good["summary"]["auto"]["base"] == "pre-697"
+    text = engine_report.render(good)
+    assert "no decode graph holds a WAIT the host releases after the launch" in text
+    assert "negative control" not in text
+    bad = judged(upstream=[no_wait_result()] * 2, **{"pre-697": [no_wait_result(token_hash="bbbb")] * 2},
+                 auto=[no_wait_result(shim=shim("auto", "deferred"))] * 2)
+    wrong = "auto: expected action no-op for every graph, got ['deferred', 'deferred', 'deferred']"
+    assert sorted(engine.failures(bad)) == [wrong, wrong, "pre-697: tokens ['bbbb'] differ from upstream's"]
+    never = judged(upstream=[no_wait_result(steps={"prefill": 3, "decode": 200, "graph": 0})] * 2)
+    assert "decode never ran on a CUDA graph" in engine.failures(never)[0]
+
+
+def test_a_model_expected_to_hold_the_wait_that_does_not_is_a_problem():
+    r = no_wait_result()
+    assert engine.arm_problems("upstream", r, False, expects_wait=True) == [
+        "PLE table NoneType is not in CUDA wait-sync mode: no WAIT to protect"]
+    assert engine.arm_problems("upstream", r, False, expects_wait=False) == []
+
+
+def test_the_markdown_report_has_775s_shape():
+    timeline = {"note": "n", "2": {"launches": 23, "graph_kernels": 1090, "step_kernels": 1102, "busy_us": 812.5,
+                                   "streams": 4, "gap_us": {f"s{i}": {"median": 0.19, "n": 9} for i in (1, 2, 3, 4)}}}
+    rec = judged(upstream=[no_wait_result()] * 2, **{"pre-697": [no_wait_result(upload_ms=[])] * 2})
+    rec["summary"]["upstream"]["timeline"] = timeline
+    text = engine_report.markdown([rec])
+    for piece in ("| GPU | GPU |", "| driver | 1 |", "| FreeToken | 0.2.1 |", "| model | llama |",
+                  "`python -m freetoken_graphfix bench ...`",
+                  "| build | bs | GPU ms per decode step | tok/s | vs never uploaded (± 2 SE) |",
+                  "| upstream | 2 | 3.305 | 605.1 | 1.0000 ± 0.0000 |", "| pre-697 | 2 | 3.305 | 605.1 | 1 (base) |",
+                  "upstream       bs 2: kernels 1102 (1090), busy 812.5 µs, 4 streams, gap s1 0.190 s2 0.190 s3 0.190 "
+                  "s4 0.190", "free GPU memory after capture, upstream: 9000 MiB"):
+        assert piece in text, piece
