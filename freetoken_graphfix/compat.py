@@ -35,6 +35,7 @@ ROW_STORE_MODULE = "freetoken.kernel.row_store"
 PLE_STORE_MODULE = "freetoken.kernel._ple_store"
 PLE_MODULE = "freetoken.models.qwen4_exp.ple_disk"
 
+SERIES_MARKER = "self._unlaunched_bs"  # patches/ 0001: DiskRowTable.lookup records its captured sizes
 UPLOAD_SEAM = "upload-seam"  # 0.2.x: decide in place of each _upload_graph call
 AFTER_CAPTURE = "after-capture"  # 0.1.3: decide once _capture_graphs has captured every graph
 
@@ -141,10 +142,10 @@ def check(graph: ModuleType) -> Compat:
         kw.setdefault("deferred_reason", reason)
         return Compat(version, path, patchable, reason, level, tested, **kw)
 
-    if callable(getattr(graph, "_graph_protect_mode", None)):
-        return verdict(False, f"freetoken {version} carries the first-launch patch series "
-                       "(FREETOKEN_GRAPH_PROTECT): the shim stands down", logging.INFO, deferred=False)
     table = _ple_methods()
+    if table is not None and SERIES_MARKER in table["lookup"]:
+        return verdict(False, f"freetoken {version} carries the patch series (no capture-time upload; PLE first "
+                       "launches filled before the launch): the shim stands down", logging.INFO, deferred=False)
     if table is None:
         return verdict(False, f"freetoken {version}: no host-released WAIT in this release (no disk PLE table): "
                        "nothing to protect", logging.INFO, deferred=False)

@@ -97,7 +97,7 @@ def check_release(target: Target) -> None:
     want, have = series_target(), tree_version(target)
     if have != want:
         raise PatchError(f"the {target.label} is FreeToken {have or 'of unknown version'}; the patch series targets "
-                         f"FreeToken {want} only (its first-launch fill builds on {want}'s ple_disk.py fill worker). "
+                         f"FreeToken {want} only (its first-launch fill builds on {want}'s ple_disk.py _fill_decode). "
                          f"On {have or 'that release'}, protect the graphs with the shim instead: "
                          "FT_GRAPH_UPLOAD=auto (see python -m freetoken_graphfix doctor)")
 

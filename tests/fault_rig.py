@@ -18,6 +18,7 @@ class EngineRig:
         wire(self.mp, self.fake)
         self.arm()
         self.table = harness.make_table(harness.write_rows(Path(tmp)))
+        self.complete_table()
         self.model = harness.PleModel(self.table, self.fake, self.fake.ctx)
         try:
             self.capture()
@@ -27,6 +28,9 @@ class EngineRig:
 
     def arm(self) -> None:
         """Runs once the fake device is wired, before the table exists (the shim's install)."""
+
+    def complete_table(self) -> None:
+        """Runs once the table exists, before the capture: what a patched ``__init__`` adds."""
 
     def capture(self) -> None:
         self.runner = harness.make_runner(self.model, self.fake.default, bs_list=(1, 2, 4))

@@ -103,18 +103,15 @@ def test_a_shim_arm_without_the_shim_is_a_problem():
     assert patched and "the installed FreeToken carries the patch series" in patched[0]
 
 
-def test_patched_arms_run_the_patched_copy(monkeypatch):
+def test_the_patched_arm_runs_the_patched_copy(monkeypatch):
     monkeypatch.setenv(config.ENV_MODE, "auto")
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     env = engine.arm_env("patched", "/tmp/patched")
-    assert config.ENV_MODE not in env and env["FREETOKEN_GRAPH_PROTECT"] == "first-launch"
-    assert env["PYTHONPATH"] == os.pathsep.join(["/tmp/patched", "/elsewhere"])
-    assert engine.arm_env("patched-none", "/p")["FREETOKEN_GRAPH_PROTECT"] == "none"
+    assert config.ENV_MODE not in env and env["PYTHONPATH"] == os.pathsep.join(["/tmp/patched", "/elsewhere"])
     with pytest.raises(ValueError, match="needs the patched FreeToken"):
-        engine.arm_env("patched-upload")
-    good = result(freetoken_patched=True, freetoken_graph_protect="first-launch", fill_worker=True)
-    assert engine.arm_problems("patched", good, True) == []  # its worker runs first launches only
-    assert "did not run the patched FreeToken in mode upload" in engine.arm_problems("patched-upload", good, True)[0]
+        engine.arm_env("patched")
+    good = result(freetoken_patched=True)
+    assert engine.arm_problems("patched", good, True) == []
     assert "did not run the patched FreeToken" in engine.arm_problems("patched", result(), True)[0]
 
 
@@ -139,14 +136,12 @@ def test_verdicts():
     drifted = record(upstream=result(), warm=result(shim=shim("warm", "warm"), token_hash="cccc"))
     assert engine.failures(drifted) == ["warm: tokens ['cccc'] differ from upstream's"]
     assert "FAILED" in engine_report.render(drifted)
-    series = dict(freetoken_patched=True, fill_worker=True, upload_ms=[])
-    patched = record(upstream=result(), **{
-        "patched": result(freetoken_graph_protect="first-launch", **series),
-        "patched-none": result(freetoken_graph_protect="none", fires=[{"step": 2}], token_hash="bbbb", **series)})
-    assert engine.failures(patched) == []  # patched-none is a negative control: it may block
-    assert "patched arms: patches/ applied, FREETOKEN_GRAPH_PROTECT=<mode>" in engine_report.render(patched)
-    blocked = record(upstream=result(), patched=result(freetoken_graph_protect="first-launch", fires=[{"step": 2}],
-                                                       **series))
+    series = dict(freetoken_patched=True, upload_ms=[])
+    patched = record(upstream=result(), patched=result(**series),
+                     **{"pre-697": result(fires=[{"step": 2}], token_hash="bbbb")})
+    assert engine.failures(patched) == []  # pre-697 is the negative control: it may block
+    assert "patched arm: patches/ applied" in engine_report.render(patched)
+    blocked = record(upstream=result(), patched=result(fires=[{"step": 2}], **series))
     assert engine.failures(blocked) == ["patched: the watchdog released 1 blocked launch(es)"]
 
 

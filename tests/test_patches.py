@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,16 +19,13 @@ from freetoken_graphfix import patching
 from freetoken_graphfix.errors import PatchError
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_FILES = {"engine/engine.py", "engine/graph.py", "models/blocks.py", "models/deepseek_v41/engram_table.py",
-                 "models/qwen4_exp/ple_disk.py"}
-HUNK_LINES = {
-    "engine/engine.py": "        use_graph = self.graph_runner.can_use_cuda_graph(batch)",
-    "engine/graph.py": "        g = self.graph_map[batch.padded_size]",
-    "models/blocks.py": '        """Around one forward dispatch: enter before it is enqueued, exit right after.',
-    "models/deepseek_v41/engram_table.py": "        self.host_fill_batch(batch, use_graph)",
-    "models/qwen4_exp/ple_disk.py": "        deferred = self.host_fill_batch(batch, use_graph",
+PACKAGE_FILES = {"engine/graph.py", "models/qwen4_exp/ple_disk.py"}
+HUNK_LINES = {  # a line inside one of the series' hunks, in the original and the patched file alike
+    "engine/graph.py": "                    self.buffer.logits[:bs] = model.forward()",
+    "models/qwen4_exp/ple_disk.py": "        # no try/finally: a failed launch leaves no WAIT pending",
 }
-NEW_TESTS = {"tests/engine/test_graph_first_launch.py", "tests/models/qwen4_exp/test_ple_disk_first_launch.py"}
+NEW_TESTS = {"tests/engine/test_graph_capture_upload.py", "tests/models/test_qwen4_exp_ple_first_launch.py"}
+SERIES = 2
 
 
 def digest(tree: Path) -> dict[str, str]:
@@ -57,13 +55,28 @@ def target(request, freetoken_tree, tmp_path):
 def test_series_file_lists_every_patch_and_its_target():
     names = [p.name for p in patching.series()]
     assert names == sorted(p.name for p in (ROOT / "patches").glob("*.patch") if not p.name.startswith("0000"))
-    assert patching.series_target() == "0.2.1"
-    for patch in patching.series():
-        text = patch.read_text()
-        for field in ("Description:", "Origin:", "Bug:", "Forwarded:", "Last-Update:"):
-            assert field in text, (patch.name, field)
+    assert patching.series_target() == "0.2.1" and len(names) == SERIES
     cover = (ROOT / "patches" / "0000-cover-letter.patch").read_text()
-    assert "*** " not in cover and "H200 RESULTS" not in cover  # the blurb is written, the figures are in
+    assert "*** " not in cover  # git format-patch's blurb placeholders are written over
+
+
+def test_commits_follow_freetokens_conventions():
+    """FreeToken's history: ``type(scope): subject`` (lower case, no final period), a prose body, no
+    Debian fields; authored as this project, at a real address; tests under the subsystem they
+    protect, the model named in the file name (tests/README.md: no per-model directory)."""
+    import email
+
+    for patch in patching.series():
+        msg = email.message_from_string(patch.read_text())
+        subject = " ".join(msg["Subject"].split()).split("] ", 1)[1]
+        assert re.fullmatch(r"(feat|fix|perf|docs|chore|build|ci|test|refactor)\([a-z0-9_]+\): [a-z].*[^.]", subject)
+        assert msg["From"] == "freetoken-graphfix <freetoken-graphfix@users.noreply.github.com>"
+        body = msg.get_payload().split("\n---\n", 1)[0]
+        assert len(body.split()) > 40
+        assert not re.search(r"^(Description|Origin|Bug|Forwarded|Last-Update):", body, re.M)
+    for path in NEW_TESTS:
+        folder, name = path.rsplit("/", 1)
+        assert folder in ("tests/engine", "tests/models") and name.startswith("test_")
 
 
 def test_apply_double_apply_revert(target):
@@ -71,7 +84,7 @@ def test_apply_double_apply_revert(target):
     original = digest(tree)
     assert patching.state(tgt) == "not applied"
     changed, message = patching.apply(tgt)
-    assert changed and message.startswith("applied 3 patches")
+    assert changed and message.startswith(f"applied {SERIES} patches")
     patched = digest(tree)
     assert patching.state(tgt) == "applied"
     prefix = "python/freetoken/" if tgt.strip == 1 else "freetoken/"
@@ -81,7 +94,7 @@ def test_apply_double_apply_revert(target):
     assert patching.apply(tgt) == (False, f"the series is already applied to the {tgt.label}; nothing to do")
     assert digest(tree) == patched
     changed, message = patching.revert(tgt)
-    assert changed and message.startswith("reverted 3 patches")
+    assert changed and message.startswith(f"reverted {SERIES} patches")
     assert digest(tree) == original  # byte for byte, the new test files (and their folders) gone
     assert not (tree / "tests").exists()
     assert patching.revert(tgt)[0] is False
@@ -94,7 +107,7 @@ def test_a_hand_edit_is_named_in_either_state(target, edited):
     tgt, tree = target
     path = tree / ("python/freetoken" if tgt.strip == 1 else "freetoken") / edited
 
-    def edit():  # a line inside one of the series' hunks, in the original and the patched file alike
+    def edit():
         text = path.read_text()
         anchor = HUNK_LINES[edited]
         assert text.count(anchor) == 1, (edited, anchor)
@@ -116,22 +129,24 @@ def test_a_hand_edit_is_named_in_either_state(target, edited):
 
 
 def test_a_failed_replace_puts_back_what_it_replaced(target, monkeypatch):
-    """All or nothing: the third replace fails (a file that cannot be replaced), the two already
+    """All or nothing: the last replace fails (a file that cannot be replaced), the ones already
     replaced are put back, one line says so."""
     tgt, tree = target
     original = digest(tree)
     real_replace, calls = os.replace, []
+    files = len(PACKAGE_FILES) + (len(NEW_TESTS) if tgt.strip == 1 else 0)
 
     def flaky(src, dst):
         calls.append(dst)
-        if len(calls) == 3:
+        if len(calls) == files:
             raise PermissionError(13, "Permission denied")
         return real_replace(src, dst)
 
     monkeypatch.setattr(patching.os, "replace", flaky)
     with pytest.raises(PatchError) as err:
         patching.apply(tgt)
-    assert "Permission denied; the 2 file(s) already replaced were put back, nothing was changed" in str(err.value)
+    assert (f"Permission denied; the {files - 1} file(s) already replaced were put back, nothing was changed"
+            in str(err.value))
     monkeypatch.undo()
     assert digest(tree) == original and patching.state(tgt) == "not applied"
 
@@ -180,7 +195,7 @@ def test_cli_patch_repo(tmp_path, freetoken_tree):
     out = run_cli("check", "--repo", str(co))
     assert out.returncode == 0 and out.stdout.strip().endswith(": not applied")
     out = run_cli("apply", "--repo", str(co))
-    assert out.returncode == 0 and out.stdout.strip() == f"applied 3 patches to the checkout {co}"  # no site note
+    assert out.returncode == 0 and out.stdout.strip() == f"applied {SERIES} patches to the checkout {co}"  # no note
     bad = run_cli("check", "--repo", str(tmp_path))
     assert bad.returncode == 1 and "no python/freetoken/ in it" in bad.stderr
 
@@ -220,8 +235,9 @@ def test_git_am_and_patch_apply_the_series(tmp_path, freetoken_tree):
     am = checkout(freetoken_tree("0.2.1"), tmp_path / "am")
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "am", "-q",
                     *map(str, patching.series())], cwd=am, check=True)
-    log = subprocess.run(["git", "log", "--format=%s", "-3"], cwd=am, capture_output=True, text=True).stdout
-    assert log.splitlines()[0].startswith("graph: no upload by default")
+    log = subprocess.run(["git", "log", "--format=%s", f"-{SERIES}"], cwd=am, capture_output=True, text=True).stdout
+    assert log.splitlines() == ["perf(graph): stop uploading captured decode graphs (#775)",
+                                "fix(qwen4_exp): fill a PLE graph's first launch before the launch"]
     plain = checkout(freetoken_tree("0.2.1"), tmp_path / "plain", git=False)
     for patch in patching.series():
         subprocess.run(["patch", "-p1", "-s", "-i", str(patch)], cwd=plain, check=True)
@@ -233,17 +249,49 @@ def test_the_series_own_tests_pass_where_they_can_on_cpu(tmp_path, freetoken_tre
     the GPU ones skip themselves here (they run on the H200)."""
     co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken")
     patching.apply(patching.repo_target(co))
-    env = {k: v for k, v in os.environ.items() if k not in ("FT_GRAPH_UPLOAD", "FREETOKEN_GRAPH_PROTECT")}
+    env = {k: v for k, v in os.environ.items() if k != "FT_GRAPH_UPLOAD"}
     env["PYTHONPATH"] = str(co / "python")
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=co, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:]
     summary = out.stdout.strip().splitlines()[-1]
-    assert "failed" not in summary and int(summary.split(" passed")[0].split()[-1]) >= 11, summary
+    assert "failed" not in summary and int(summary.split(" passed")[0].split()[-1]) >= 10, summary
+
+
+MUTANTS = {  # each line that fixes #775, undone in the patched sources
+    "the upload is back": ("engine/graph.py", None, None),  # 0.2.1's own graph.py
+    "no first-launch fill": ("models/qwen4_exp/ple_disk.py", "                if bs in self._unlaunched_bs:",
+                             "                if False:"),
+    "capture records no size": ("models/qwen4_exp/ple_disk.py", "            self._unlaunched_bs.add(rows)",
+                                "            pass"),
+    "no withdrawal": ("models/qwen4_exp/ple_disk.py", "            self._flag.zero_()", "            pass"),
+    "withdrawal before the drain": ("models/qwen4_exp/ple_disk.py",
+                                    "            torch.cuda.current_stream(self._device).synchronize()\n", ""),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_the_series_own_cpu_tests_catch_each_fixing_line_undone(tmp_path, freetoken_tree, mutant):
+    """What FreeToken would get: the series' own tests, without a GPU, go red when any line that fixes
+    #775 is undone (the upload restored, the first-launch fill or its size record gone, the flag's
+    withdrawal gone or made before the stream drained)."""
+    co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken", git=False)
+    rel, old, new = MUTANTS[mutant]
+    path = co / "python/freetoken" / rel
+    shipped = path.read_text()
+    patching.apply(patching.repo_target(co))
+    text = path.read_text()
+    assert old is None or text.count(old) == 1, mutant
+    path.write_text(shipped if old is None else text.replace(old, new))
+    env = {k: v for k, v in os.environ.items() if k != "FT_GRAPH_UPLOAD"}
+    env["PYTHONPATH"] = str(co / "python")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *sorted(NEW_TESTS)],
+                         cwd=co, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1 and " failed" in out.stdout.strip().splitlines()[-1], out.stdout[-2000:]
 
 
 def patched_child(tree: Path, shim_mode: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("FT_GRAPH_UPLOAD", "FREETOKEN_GRAPH_PROTECT")}
+    env = {k: v for k, v in os.environ.items() if k != "FT_GRAPH_UPLOAD"}
     env["PYTHONPATH"] = os.pathsep.join([str(tree), str(ROOT)])
     if shim_mode:
         env["FT_GRAPH_UPLOAD"] = shim_mode
@@ -265,36 +313,30 @@ def test_patched_freetoken_fills_first_launches_on_the_fake_device(patched_021):
     and DiskRowTable: no graph uploaded, every first launch filled from the worker and never
     blocked, later launches on the normal path, rows exact, every flag back at 0, faults included."""
     r = patched_child(patched_021, None)
-    assert r["freetoken_file"].startswith(str(patched_021)) and r["shim"] is None
-    default = r["first-launch"]
-    assert default["uploaded"] == [False, False, False] and default["launched_at_capture"] == [0, 0, 0]
+    assert r["freetoken_file"].startswith(str(patched_021)) and r["shim"] is None and not r["upload_function"]
+    run = r["run"]
+    assert run["uploaded"] == [False, False, False] and run["launched_at_capture"] == [0, 0, 0]
+    assert not run["hip_worker"]  # CUDA: FreeToken's every-launch worker stays HIP's
     ok = {"fired": False, "ok": True, "flag_after": 0}
-    assert [{k: s[k] for k in ok} for s in default["steps"]] == [ok] * 5
-    assert [s["worker"] for s in default["steps"]] == [1, 0, 1, 1, 0]  # bs 2, 2, 1, 3 -> 4, 1
-    assert default["steps"][3]["padded"] == 4
-    assert [s["worker"] for s in default["rebuild"]] == [1, 1] and all(s["ok"] for s in default["rebuild"])
-    assert default["fill_raises"] == {"raised": "OSError('disk read failed')", "flag_after": 0}
-    assert default["after_fill_raised"]["ok"] and default["after_fill_raised"]["worker"] == 0
-    assert default["launch_raises"] == {"raised": "RuntimeError('fake cudaGraphLaunch failure')", "flag_after": 0}
-    assert default["launch_retry"]["ok"] and default["launch_retry"]["worker"] == 1
-    before_launch, retry = default["raises_before_launch"], default["retry_after_raise_before_launch"]
+    assert [{k: s[k] for k in ok} for s in run["steps"]] == [ok] * 5
+    assert [s["worker"] for s in run["steps"]] == [1, 0, 1, 1, 0]  # bs 2, 2, 1, 3 -> 4, 1
+    assert run["steps"][3]["padded"] == 4
+    assert [s["worker"] for s in run["rebuild"]] == [1, 1] and all(s["ok"] for s in run["rebuild"])
+    assert run["fill_raises"] == {"raised": "OSError('disk read failed')", "flag_after": 0}
+    assert run["after_fill_raised"]["ok"] and run["after_fill_raised"]["worker"] == 0
+    assert run["launch_raises"] == {"raised": "RuntimeError('fake cudaGraphLaunch failure')", "flag_after": 0}
+    assert run["launch_retry"]["ok"] and run["launch_retry"]["worker"] == 1
+    before_launch, retry = run["raises_before_launch"], run["retry_after_raise_before_launch"]
     assert before_launch["flag_after"] == 0 and "before the launch" in before_launch["raised"]
     assert retry["ok"] and retry["worker"] == 1
-    upload = r["upload"]
-    assert upload["uploaded"] == [True, True, True] and all(s["ok"] and not s["fired"] for s in upload["steps"])
-    assert all(s["worker"] == 0 for s in upload["steps"]) and r[" Upload "] == upload
-    none = r["none"]
-    assert none["uploaded"] == [False, False, False]
-    assert none["steps"][0]["fired"] and not none["steps"][0]["ok"]  # the negative control: blocked, stale rows
-    assert r["bogus"] == {"error": "FREETOKEN_GRAPH_PROTECT='bogus' is not a valid mode; expected one of "
-                                   "first-launch, upload, none"}
 
 
 def test_shim_stands_down_on_patched_freetoken(patched_021):
     r = patched_child(patched_021, "auto")
-    assert r["shim"]["patched"] is False and r["shim"]["upload_wrapped"] == "function"
-    assert "carries the first-launch patch series" in r["shim"]["reason"] and "stands down" in r["shim"]["reason"]
-    assert r["first-launch"]["uploaded"] == [False, False, False]  # FreeToken's own protection did the work
+    assert r["shim"]["patched"] is False
+    assert "carries the patch series" in r["shim"]["reason"] and "stands down" in r["shim"]["reason"]
+    assert r["run"]["uploaded"] == [False, False, False]  # FreeToken's own protection did the work
+    assert [s["worker"] for s in r["run"]["steps"]] == [1, 0, 1, 1, 0]
 
 
 def test_patched_copy_leaves_the_install_alone(tmp_path, freetoken_tree, monkeypatch):

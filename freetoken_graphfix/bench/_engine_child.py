@@ -88,6 +88,18 @@ def time_replays(runner, stream, flag, reps: int, release) -> dict[str, list[flo
     return out
 
 
+def carries_series() -> bool:
+    """Whether this FreeToken carries patches/: its DiskRowTable.lookup records the sizes it is
+    captured at (``self._unlaunched_bs``, the marker the shim's compat check reads too)."""
+    import inspect
+
+    try:
+        from freetoken.models.qwen4_exp.ple_disk import DiskRowTable
+    except ImportError:  # a release without the disk PLE table
+        return False
+    return "self._unlaunched_bs" in inspect.getsource(DiskRowTable.lookup)
+
+
 def engine_options(model_dir: str, ft_args: list[str]):
     """(dtype, the keyword arguments of ``freetoken.llm.LLM``) from FreeToken's own ``ft serve`` parser:
     every SchedulerConfig field as ``ft serve`` would set it; the server-only ones are not the engine's."""
@@ -126,8 +138,7 @@ def main(spec_path: str) -> None:
 
     # GraphRunner._capture_graphs looks _upload_graph up as a module global (graph.py 222) and
     # ple_disk imports its WAIT function at each lookup: module attributes are the seams, as for the
-    # shim. A FreeToken carrying patches/ calls _upload_graph only with FREETOKEN_GRAPH_PROTECT=upload;
-    # 0.1.3 has no _upload_graph at all.
+    # shim. A FreeToken carrying patches/, and 0.1.3, have no _upload_graph at all.
     upload_ms: list[float] = []
     upload = getattr(graph_mod, "_upload_graph", None)  # the shim's wrapper when its bootstrap ran here
 
@@ -260,12 +271,10 @@ def main(spec_path: str) -> None:
         first_launch.setdefault(str(bs), ms)
     token_ids = [o["token_ids"] for o in outs]
     shim = sys.modules.get("freetoken_graphfix")  # observed, never imported here
-    protect_mode = getattr(graph_mod, "_graph_protect_mode", None)
     result = {
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
         "freetoken": metadata.version("freetoken"),
-        "freetoken_patched": protect_mode is not None,  # patches/ applied
-        "freetoken_graph_protect": protect_mode() if protect_mode is not None else None,
+        "freetoken_patched": carries_series(),
         "freetoken_file": graph_mod.__file__,
         "freetoken_uploads": upload is not None,  # FreeToken's own protection (#697), absent in 0.1.3
         "table": type(table).__name__, "wait_sync": bool(getattr(table, "_wait_sync", False)),

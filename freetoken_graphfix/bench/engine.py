@@ -35,33 +35,30 @@ from .stats import paired_ratio, summary
 from .workload import build, load_tokenizer, read_text
 
 CHILD = Path(__file__).with_name("_engine_child.py")
-PROTECT_ENV = "FREETOKEN_GRAPH_PROTECT"  # the patch series' switch (patches/0003)
 RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
 SHIM_ACTION = {"auto": "deferred", "upload": "upload", "warm": "warm", "deferred": "deferred", "skip": "exposed"}
 SHIM_ARMS = tuple(SHIM_ACTION)  # FT_GRAPH_UPLOAD=<arm>, and the action the shim must take on a WAIT graph
-# FreeToken with patches/ applied (a patched copy first on PYTHONPATH), FREETOKEN_GRAPH_PROTECT=<mode>
-PATCHED_ARMS = {"patched": "first-launch", "patched-upload": "upload", "patched-none": "none"}
+PATCHED_ARMS = ("patched",)  # FreeToken with patches/ applied: a patched copy first on PYTHONPATH
 GATE = "gate"  # FREETOKEN_PLE_SYNC=gate; every other arm runs wait-sync
 ARMS = ("upstream", "pre-697", GATE, *SHIM_ARMS, *PATCHED_ARMS)
 DEFAULT_ARMS = ("upstream", "pre-697", "auto")
-PROTECTED = ("auto", "upload", "warm", "deferred", "patched", "patched-upload", GATE)  # never block, same tokens
-NEVER_UPLOADED = ("pre-697", "skip", "patched-none")  # unprotected and never uploaded: the negative control
+PROTECTED = ("auto", "upload", "warm", "deferred", "patched", GATE)  # never block, same tokens
+NEVER_UPLOADED = ("pre-697", "skip")  # unprotected and never uploaded: the negative control
 RESOLUTION = 0.005  # the band (2 SE) a ratio needs to resolve #775's 1-2%
 
 
 def arm_env(arm: str, patched: str | None = None) -> dict[str, str]:
     """The engine (or server) process's environment: the user's, with ``FREETOKEN_PLE_SYNC`` set to
     wait-sync (gate for the gate arm: the WAIT must be in every other arm's graphs, whatever the user
-    set), ``FT_GRAPH_UPLOAD`` only for shim arms, and for patched arms the patched FreeToken
-    (``patched``) first on ``PYTHONPATH`` and its mode."""
-    env = {k: v for k, v in os.environ.items() if k not in (config.ENV_MODE, PROTECT_ENV)}
+    set), ``FT_GRAPH_UPLOAD`` only for shim arms, and for the patched arm the patched FreeToken
+    (``patched``) first on ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if k != config.ENV_MODE}
     env["FREETOKEN_PLE_SYNC"] = "gate" if arm == GATE else "wait"
     if arm in SHIM_ARMS:
         env[config.ENV_MODE] = arm
     elif arm in PATCHED_ARMS:
         if patched is None:
             raise ValueError(f"arm {arm!r} needs the patched FreeToken (patching.patched_copy)")
-        env[PROTECT_ENV] = PATCHED_ARMS[arm]
         env["PYTHONPATH"] = os.pathsep.join(p for p in (patched, os.environ.get("PYTHONPATH")) if p)
     return env
 
@@ -103,9 +100,9 @@ def run_arm(arm: str, spec: dict[str, Any], opts: argparse.Namespace, log_dir: s
 
 def holds_wait(r: dict[str, Any]) -> bool:
     """Whether this run's decode graphs held a WAIT the host releases after the launch: the disk PLE
-    table in CUDA wait-sync mode, its WAIT captured (a patched FreeToken keeps a worker for first
-    launches; FreeToken's own worker means HIP, which releases before the launch)."""
-    return bool(r["wait_sync"] and r["captured_waits"] and (not r["fill_worker"] or r.get("freetoken_patched")))
+    table in CUDA wait-sync mode, its WAIT captured (FreeToken's fill worker means HIP, which releases
+    before the launch)."""
+    return bool(r["wait_sync"] and r["captured_waits"] and not r["fill_worker"])
 
 
 def arm_problems(arm: str, r: dict[str, Any], wait_case: bool, expects_wait: bool = True) -> list[str]:
@@ -127,9 +124,8 @@ def arm_problems(arm: str, r: dict[str, Any], wait_case: bool, expects_wait: boo
         out.append(f"timing the graphs' replays failed: {r['replay_error']}")
     shim = r["shim"]
     if arm in PATCHED_ARMS:
-        if not r.get("freetoken_patched") or r.get("freetoken_graph_protect") != PATCHED_ARMS[arm]:
-            out.append(f"the engine did not run the patched FreeToken in mode {PATCHED_ARMS[arm]} "
-                       f"(patched: {r.get('freetoken_patched')}, {PROTECT_ENV}={r.get('freetoken_graph_protect')})")
+        if not r.get("freetoken_patched"):
+            out.append(f"the engine did not run the patched FreeToken (it ran {r.get('freetoken_file')})")
     elif r.get("freetoken_patched"):
         out.append(f"the installed FreeToken carries the patch series, so the {arm} arm measures it, not 0.2.1: "
                    "revert it (patch revert --site) and compare the series through the patched arms")
@@ -319,8 +315,8 @@ def add_arguments(group: Any) -> None:
     """``bench``'s ``--engine`` options (the model and workload options are shared with ``--serve``)."""
     group.add_argument("--engine", action="store_true", help="run the real-engine comparison")
     group.add_argument("--arms", nargs="+", choices=ARMS, metavar="ARM",
-                       help=f"arms, of: {', '.join(ARMS)} (default: {' '.join(DEFAULT_ARMS)}; patched, "
-                            "patched-upload and patched-none run the patch series)")
+                       help=f"arms, of: {', '.join(ARMS)} (default: {' '.join(DEFAULT_ARMS)}; patched runs the "
+                            "patch series)")
     group.add_argument("--rounds", type=positive, default=4,
                        help="runs of every arm, each in its own process, in rotated order: the samples of every "
                             "ratio's band (default 4)")

@@ -7,7 +7,7 @@ import math
 import statistics
 from typing import Any
 
-from .engine import PATCHED_ARMS, PROTECT_ENV, RESOLUTION, failures, fmt_ms
+from .engine import PATCHED_ARMS, RESOLUTION, failures, fmt_ms
 
 
 def band(pair: list[float] | None, is_base: bool = False) -> str:
@@ -30,7 +30,7 @@ def case_line(record: dict[str, Any]) -> str:
 def header(record: dict[str, Any]) -> list[str]:
     env, summary = record["env"], record["summary"]
     first = next((r for rs in record["runs"].values() for r in rs if "freetoken" in r), {})
-    ft = first.get("freetoken", "?") + (f"; patched arms: patches/ applied, {PROTECT_ENV}=<mode>"
+    ft = first.get("freetoken", "?") + ("; patched arm: patches/ applied"
                                         if any(arm in PATCHED_ARMS for arm in summary) else "")
     return [f"{env['gpu']} | driver {env['driver']} | torch {env['torch']} | freetoken {ft} | {env['date']}",
             f"model: {record['model']}" + (f"; FreeToken options: {' '.join(record['ft_args'])}"

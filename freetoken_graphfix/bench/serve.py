@@ -36,7 +36,7 @@ from .workload import PAIR, SINGLE, build, load_tokenizer, read_text
 
 ARMS = ("upstream", *SHIM_ARMS, *PATCHED_ARMS)
 DEFAULT_ARMS = ("upstream", "auto", "deferred", "warm", "upload", "skip")
-NEGATIVE = ("skip", "patched-none")  # unprotected: with a WAIT the first decode may deadlock, never answering
+NEGATIVE = ("skip",)  # unprotected: with a WAIT the first decode may deadlock, never answering
 REQUESTS = 12  # single x2 and the pair x2, before and after the rebuild
 PASS_LINE = re.compile(r"\[freetoken_graphfix pid=(\d+)\] INFO (capture pass \d+: .*)")
 WAIT_PASS = "PLE wait-sync"  # how the shim's capture-pass line names a graph holding the host-released WAIT
@@ -264,8 +264,8 @@ def latency(rec: dict[str, Any], phase: str, round_: str, bs: int) -> dict[str, 
 
 def render(record: dict[str, Any]) -> str:
     env, runs = record["env"], record["runs"]
-    case = ("its decode graphs hold a host-released WAIT (PLE wait-sync): skip and patched-none are negative "
-            "controls and must hang" if record["wait_case"] else
+    case = ("its decode graphs hold a host-released WAIT (PLE wait-sync): skip is the negative control and "
+            "must hang" if record["wait_case"] else
             "no decode graph holds a host-released WAIT: every arm must answer, shim arms are no-ops")
     lines = [f"{env['gpu']} | driver {env['driver']} | torch {env['torch']} | {env['date']}",
              f"ft serve, {record['model']}" + (f"; FreeToken options: {' '.join(record['ft_args'])}"
@@ -341,8 +341,8 @@ def add_arguments(group: Any) -> None:
     """``bench``'s ``--serve`` options (the model and workload options are shared with ``--engine``)."""
     group.add_argument("--serve", action="store_true", help="run the real-server comparison")
     group.add_argument("--serve-arms", nargs="+", choices=ARMS, metavar="ARM",
-                       help=f"arms, of: {', '.join(ARMS)} (default: {' '.join(DEFAULT_ARMS)}; patched, "
-                            "patched-upload and patched-none run the patch series)")
+                       help=f"arms, of: {', '.join(ARMS)} (default: {' '.join(DEFAULT_ARMS)}; patched runs the "
+                            "patch series)")
     group.add_argument("--ready-timeout", type=seconds, default=300.0,
                        help="seconds for a server to be ready (default 300)")
     group.add_argument("--request-timeout", type=seconds, default=45.0,
