@@ -15,3 +15,10 @@ class WarmReplayError(GraphfixError):
 
 class PatchError(GraphfixError):
     """The patch series does not fit the target tree."""
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """``value`` as an error message quotes it (``repr``), cut to ``limit`` characters with its length
+    said: a 5,000-character value must not flood the one line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"

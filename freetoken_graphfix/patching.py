@@ -5,20 +5,25 @@ The series is written against FreeToken's repository layout (``python/freetoken/
 level down (``freetoken/...``) and gets the package files only. Every operation runs the whole
 series on copies of the files in memory first (exact hunks, any offset, no fuzz: what ``git apply``
 does, without needing git), then stages every result beside its target and only then replaces the
-targets: all or nothing, and a replace that fails puts back what it replaced. A tree is "applied"
-when the series reverses cleanly on it.
+targets: all or nothing, and a replace that fails puts back what it replaced. The tree is locked for
+the whole read-compute-stage-replace, so two runs on one tree take turns. A tree holds the first k
+patches of the series for some k (0: the release, all: applied; in between: ``git am`` stopped, or a
+patch applied by hand), and ``apply`` and ``revert`` move it from there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PatchError
+from .errors import PatchError, shown
 
 SITE_NOTE = ("pip's RECORD hashes for the patched files no longer match them (pip check does not look; "
              "`pip install --force-reinstall --no-deps freetoken==VERSION` brings the shipped files back), "
@@ -66,11 +71,16 @@ def repo_target(path: str | os.PathLike) -> Target:
     if not str(path).strip():
         raise PatchError("--repo '': empty path; pass a FreeToken checkout (the folder holding python/freetoken/), "
                          "or --site for the installed FreeToken")
-    root = Path(path).resolve()
-    if not root.is_dir():
-        raise PatchError(f"--repo {str(path)!r}: no such directory")
-    if not (root / PACKAGE).is_dir():
-        raise PatchError(f"--repo {str(path)!r}: no python/freetoken/ in it; expected a FreeToken checkout")
+    try:
+        root = Path(path).resolve()
+        exists, is_dir, has_package = root.exists(), root.is_dir(), (root / PACKAGE).is_dir()
+    except OSError as exc:
+        raise PatchError(f"--repo {shown(str(path))}: {exc.strerror or exc}") from None
+    if not is_dir:
+        raise PatchError(f"--repo {shown(str(path))}: {'not a directory' if exists else 'no such directory'}; "
+                         "pass a FreeToken checkout (the folder holding python/freetoken/)")
+    if not has_package:
+        raise PatchError(f"--repo {shown(str(path))}: no python/freetoken/ in it; expected a FreeToken checkout")
     return Target(root, 1, f"checkout {root}")
 
 
@@ -85,10 +95,7 @@ def site_target() -> Target:
 def tree_version(target: Target) -> str | None:
     """The release the tree holds, from its ``freetoken/version.py``."""
     version = target.root / ("python/freetoken" if target.strip == 1 else "freetoken") / "version.py"
-    try:
-        found = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", version.read_text())
-    except OSError:
-        return None
+    found = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", "".join(_lines(version, target) or []))
     return found.group(1) if found else None
 
 
@@ -183,6 +190,8 @@ def _patch_file(text: list[str] | None, diff: FileDiff, reverse: bool) -> list[s
     any offset. ``None`` when reverting leaves nothing of a file the patch created."""
     if diff.new and (text is not None) != reverse:
         raise _Misfit(f"{diff.rel} {'already exists' if not reverse else 'is missing'}")
+    if text is None and not diff.new:  # an add-only hunk fits an empty file: never create one it edits
+        raise _Misfit(f"{diff.rel} is missing")
     out, drift = list(text or []), 0
     for h in diff.hunks:
         want, put, start = (h.new, h.old, h.new_start) if reverse else (h.old, h.new, h.old_start)
@@ -196,10 +205,11 @@ def _patch_file(text: list[str] | None, diff: FileDiff, reverse: bool) -> list[s
     return None if diff.new and reverse and not out else out
 
 
-def _apply_series(contents: dict[str, list[str] | None], target: Target, reverse: bool,
-                  only: str | None = None) -> str | None:
-    """Apply the series (or its reverse) to ``contents`` in place; the error when it does not fit."""
-    for patch in (reversed(series()) if reverse else series()):
+def _apply_patches(contents: dict[str, list[str] | None], target: Target, patches: list[Path], reverse: bool,
+                   only: str | None = None) -> str | None:
+    """Apply ``patches`` in order (or revert them, last first) to ``contents`` in place; the error
+    when one does not fit."""
+    for patch in (reversed(patches) if reverse else patches):
         for diff in _diffs(patch, target):
             if only is not None and diff.rel != only:
                 continue
@@ -210,26 +220,28 @@ def _apply_series(contents: dict[str, list[str] | None], target: Target, reverse
     return None
 
 
-def _read(target: Target, rel: str) -> list[str] | None:
-    path = target.root / rel
-    return path.read_bytes().decode("utf-8").splitlines(keepends=True) if path.is_file() else None
+def _lines(path: Path, target: Target) -> list[str] | None:
+    """A file's lines (``None``: no such file); a file that cannot be read, or is not UTF-8 text, is
+    one :class:`PatchError` naming it."""
+    rel = path.relative_to(target.root) if path.is_relative_to(target.root) else path
+    try:
+        if not path.is_file():
+            return None
+        return path.read_bytes().decode("utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError as exc:
+        raise PatchError(f"{rel} is not UTF-8 text (byte {exc.start}); restore it from the release; nothing was "
+                         "changed") from None
+    except OSError as exc:
+        raise PatchError(f"cannot read {rel}: {exc.strerror or exc}; nothing was changed") from None
 
 
-def _run(target: Target, reverse: bool) -> dict[str, bytes | None] | None:
-    """The series (or its reverse) on copies of the files in memory: new contents per file
-    (``None``: delete), or ``None`` when it does not fit (``_diagnose`` says why)."""
-    files = _files(target)
-    contents = {f.rel: _read(target, f.rel) for f in files}
-    if any(contents[f.rel] is None and not (f.new and not reverse) for f in files):
-        return None
-    if _apply_series(contents, target, reverse):
-        return None
-    return {rel: None if lines is None else "".join(lines).encode("utf-8") for rel, lines in contents.items()}
+def _read(target: Target) -> dict[str, list[str] | None]:
+    return {f.rel: _lines(target.root / f.rel, target) for f in _files(target)}
 
 
 def _fits(target: Target, f: File, reverse: bool) -> str | None:
     """Whether the series' hunks for one file fit it in one direction; the error when not."""
-    return _apply_series({f.rel: _read(target, f.rel)}, target, reverse, only=f.rel)
+    return _apply_patches({f.rel: _lines(target.root / f.rel, target)}, target, series(), reverse, only=f.rel)
 
 
 def _diagnose(target: Target) -> str:
@@ -243,30 +255,57 @@ def _diagnose(target: Target) -> str:
             patched.append(f.rel)
         else:
             return (f"{f.rel} matches neither the original nor the patched sources (applying: {forward}; "
-                    f"reverting: {backward})")
+                    f"reverting: {backward}); restore it from the release (or a clean checkout)")
     return (f"partly patched: {', '.join(patched)} patched, {', '.join(original)} original; restore those "
             "files from the release (or a clean checkout) and run the command again")
 
 
-def state(target: Target) -> str:
-    """``"applied"`` or ``"not applied"``; :class:`PatchError` naming the file and hunk otherwise."""
-    return _state(target)[0]
+@contextlib.contextmanager
+def _locked(target: Target, exclusive: bool) -> Iterator[None]:
+    """Hold the tree for one read-compute-stage-replace: another patch run on it waits (an advisory
+    lock on the tree's root folder, released when this process ends however it ends)."""
+    try:
+        fd = os.open(target.root, os.O_RDONLY)
+    except OSError as exc:
+        raise PatchError(f"cannot open the {target.label}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
-def _state(target: Target) -> tuple[str, dict[str, bytes | None]]:
-    """The state, with the contents that would move the tree to the other one."""
+def _position(target: Target) -> tuple[int, dict[str, list[str] | None]]:
+    """How many patches of the series, from the first, the tree holds, and its files as read."""
     check_release(target)
-    forward = _run(target, reverse=False)
-    if forward is not None:
-        return "not applied", forward
-    backward = _run(target, reverse=True)
-    if backward is not None:
-        return "applied", backward
+    patches, current = series(), _read(target)
+    for k in range(len(patches) + 1):
+        release = dict(current)
+        if (_apply_patches(release, target, patches[:k], reverse=True) is None
+                and _apply_patches(release, target, patches, reverse=False) is None):
+            return k, current
     raise PatchError(f"the {target.label} does not fit the series: {_diagnose(target)}; nothing was changed")
 
 
+def _describe(k: int) -> str:
+    patches = series()
+    if k == 0:
+        return "not applied"
+    if k == len(patches):
+        return "applied"
+    return (f"partly applied: the first {k} of {len(patches)} patches ({', '.join(p.name for p in patches[:k])}); "
+            "'patch apply' applies the rest, 'patch revert' undoes them")
+
+
+def state(target: Target) -> str:
+    """``"applied"``, ``"not applied"`` or ``"partly applied: ..."``; :class:`PatchError` naming the
+    file and hunk when the tree fits no prefix of the series."""
+    with _locked(target, exclusive=False):
+        return _describe(_position(target)[0])
+
+
 def apply(target: Target) -> tuple[bool, str]:
-    """Apply the series; ``(whether files changed, what happened)``."""
+    """Apply the series (what the tree lacks of it); ``(whether files changed, what happened)``."""
     return _move(target, reverse=False)
 
 
@@ -276,35 +315,45 @@ def revert(target: Target) -> tuple[bool, str]:
 
 
 def _move(target: Target, reverse: bool) -> tuple[bool, str]:
-    current, contents = _state(target)
-    if current == ("not applied" if reverse else "applied"):
-        return False, (f"the series is not applied to the {target.label}; nothing to revert" if reverse
-                       else f"the series is already applied to the {target.label}; nothing to do")
-    _write_all(target, contents)
+    with _locked(target, exclusive=True):
+        k, current = _position(target)
+        patches = series()[:k] if reverse else series()[k:]
+        if not patches:
+            return False, (f"the series is not applied to the {target.label}; nothing to revert" if reverse
+                           else f"the series is already applied to the {target.label}; nothing to do")
+        contents = dict(current)
+        _apply_patches(contents, target, patches, reverse)  # fits: _position tried it
+        _write_all(target, {rel: None if lines is None else "".join(lines).encode("utf-8")
+                            for rel, lines in contents.items() if lines != current[rel]})
     verb, preposition = ("reverted", "from") if reverse else ("applied", "to")
-    return True, f"{verb} {len(series())} patches {preposition} the {target.label}"
+    return True, f"{verb} {len(patches)} patches {preposition} the {target.label}"
 
 
 def _write_all(target: Target, contents: dict[str, bytes | None]) -> None:
     """Every file written, or none: stage each result beside its target, then replace them all,
-    putting back what was replaced if a replace fails."""
+    putting back what was replaced if a replace fails; folders made for new files go again."""
     staged: list[tuple[Path, Path | None]] = []  # (target file, staged copy; None: delete it)
+    made: list[Path] = []  # folders created for new files
+    rel = ""
     try:
         for rel, data in contents.items():
             dest = target.root / rel
             if data is None:
                 staged.append((dest, None))
                 continue
+            missing = [p for p in (dest.parent, *dest.parent.parents) if p.is_relative_to(target.root)
+                       and not p.exists()]
             dest.parent.mkdir(parents=True, exist_ok=True)
+            made += missing
             tmp = dest.with_name(f".{dest.name}.graphfix-staged")
             tmp.write_bytes(data)
+            staged.append((dest, tmp))
             if dest.exists():
                 shutil.copymode(dest, tmp)
-            staged.append((dest, tmp))
+        before = {dest: dest.read_bytes() if dest.exists() else None for dest, _ in staged}
     except OSError as exc:
-        _discard(staged)
-        raise PatchError(f"cannot write {rel}: {exc.strerror}; nothing was changed") from None
-    before = {dest: dest.read_bytes() if dest.exists() else None for dest, _ in staged}
+        _discard(staged, made)
+        raise PatchError(f"cannot write {rel}: {exc.strerror or exc}; nothing was changed") from None
     done: list[Path] = []
     try:
         for dest, tmp in staged:
@@ -316,17 +365,21 @@ def _write_all(target: Target, contents: dict[str, bytes | None]) -> None:
             done.append(dest)
     except OSError as exc:
         failed = dest.relative_to(target.root)
-        _discard(staged)
         for path in done:
             _restore(path, before[path])
-        raise PatchError(f"cannot replace {failed}: {exc.strerror}; the {len(done)} file(s) already replaced were "
-                         "put back, nothing was changed") from None
+        _discard(staged, made)
+        raise PatchError(f"cannot replace {failed}: {exc.strerror or exc}; the {len(done)} file(s) already replaced "
+                         "were put back, nothing was changed") from None
 
 
-def _discard(staged: list[tuple[Path, Path | None]]) -> None:
+def _discard(staged: list[tuple[Path, Path | None]], made: list[Path]) -> None:
+    """Remove the staged copies and the folders made for them (when empty)."""
     for _, tmp in staged:
         if tmp is not None and tmp.exists():
             tmp.unlink()
+    for folder in sorted(made, key=lambda p: len(p.parts), reverse=True):  # deepest first
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def _restore(path: Path, data: bytes | None) -> None:

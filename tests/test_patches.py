@@ -149,6 +149,7 @@ def test_a_failed_replace_puts_back_what_it_replaced(target, monkeypatch):
             in str(err.value))
     monkeypatch.undo()
     assert digest(tree) == original and patching.state(tgt) == "not applied"
+    assert not (tree / "tests").exists()  # nor the folders made for the series' new test files
 
 
 def test_unwritable_folder_changes_nothing(freetoken_tree, tmp_path):
@@ -381,3 +382,105 @@ def test_a_file_the_series_edits_but_the_tree_lacks_is_never_created(tmp_path, m
     with pytest.raises(patching.PatchError, match="does not fit the series"):
         patching.apply(target)
     assert not (tmp_path / "python" / "freetoken" / "x.py").exists()
+
+
+def _apply_or_revert(root: str, action: str, barrier, results) -> None:
+    """One concurrent patch run (in a forked process): wait for the others, then act."""
+    target = patching.repo_target(root)
+    barrier.wait()
+    try:
+        changed, _ = (patching.apply if action == "apply" else patching.revert)(target)
+        results.put(("ok", action, changed))
+    except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on any
+        results.put(("error", action, repr(exc)))
+
+
+@pytest.mark.timeout(600)
+def test_concurrent_applies_and_reverts_never_mix_the_tree(tmp_path, freetoken_tree):
+    """Two shells, a CI matrix, config management: several runs on one tree at once. Each takes its
+    turn (the tree is locked for the whole read-compute-stage-replace): every run succeeds, and after
+    each round the tree is exactly the release or exactly the patched tree, nothing staged left."""
+    import multiprocessing as mp
+    import random
+
+    co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken", git=False)
+    original = digest(co)
+    patching.apply(patching.repo_target(co))
+    patched = digest(co)
+    patching.revert(patching.repo_target(co))
+    ctx, rng = mp.get_context("fork"), random.Random(7)
+    for round_ in range(100):
+        actions = [rng.choice(("apply", "revert")) for _ in range(3)]
+        barrier, results = ctx.Barrier(len(actions)), ctx.Queue()
+        procs = [ctx.Process(target=_apply_or_revert, args=(str(co), a, barrier, results)) for a in actions]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        outcomes = [results.get(timeout=5) for _ in procs]
+        assert all(kind == "ok" for kind, _, _ in outcomes), (round_, outcomes)
+        assert digest(co) in (original, patched), (round_, actions)
+        assert not list(co.rglob("*.graphfix-staged")), round_
+
+
+def test_a_target_file_that_is_not_utf8_is_named(target):
+    tgt, tree = target
+    package = tree / ("python/freetoken" if tgt.strip == 1 else "freetoken")
+    for rel in ("engine/graph.py", "version.py"):
+        path = package / rel
+        shipped = path.read_bytes()
+        path.write_bytes(shipped + b"# \xff\n")
+        before = digest(tree)
+        for action in (patching.state, patching.apply, patching.revert):
+            with pytest.raises(PatchError) as err:
+                action(tgt)
+            message = str(err.value)
+            assert "\n" not in message and message.startswith(f"{'python/' if tgt.strip == 1 else ''}freetoken/{rel} "
+                                                              "is not UTF-8 text (byte ")
+        assert digest(tree) == before
+        path.write_bytes(shipped)
+
+
+def test_an_unreadable_target_file_is_named(freetoken_tree, tmp_path):
+    co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken", git=False)
+    locked = co / "python/freetoken/models/qwen4_exp/ple_disk.py"
+    locked.chmod(0o000)
+    try:
+        cmd = [sys.executable, "-m", "freetoken_graphfix", "patch", "check", "--repo", str(co)]
+        if os.geteuid() == 0:
+            cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *cmd]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        locked.chmod(0o644)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr == ("freetoken_graphfix: error: cannot read python/freetoken/models/qwen4_exp/ple_disk.py: "
+                          "Permission denied; nothing was changed\n")
+
+
+@pytest.mark.parametrize("kind", ["long", "file"])
+def test_a_repo_path_that_is_no_checkout_is_one_line(tmp_path, kind):
+    path = str(tmp_path / ("x" * 300)) if kind == "long" else str(tmp_path / "somefile")
+    if kind == "file":
+        Path(path).write_text("")
+    out = run_cli("check", "--repo", path)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert ("File name too long" if kind == "long" else "not a directory; pass a FreeToken checkout") in out.stderr
+    assert "characters)" in out.stderr or kind == "file"  # a 300-character path is cut in the message
+
+
+def test_a_tree_holding_the_first_patches_is_named_and_moved_either_way(freetoken_tree, tmp_path):
+    """git am stopped after the first patch, or one patch applied by hand: check names how far the
+    tree is, apply finishes the series, revert undoes what is there, to the release's bytes."""
+    co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken", git=False)
+    original = digest(co)
+    first = patching.series()[0]
+    subprocess.run(["patch", "-p1", "-s", "-i", str(first)], cwd=co, check=True)
+    tgt = patching.repo_target(co)
+    assert patching.state(tgt) == (f"partly applied: the first 1 of 2 patches ({first.name}); 'patch apply' applies "
+                                   "the rest, 'patch revert' undoes them")
+    assert patching.apply(tgt) == (True, f"applied 1 patches to the {tgt.label}")
+    assert patching.state(tgt) == "applied"
+    patching.revert(tgt)
+    subprocess.run(["patch", "-p1", "-s", "-i", str(first)], cwd=co, check=True)
+    assert patching.revert(tgt) == (True, f"reverted 1 patches from the {tgt.label}")
+    assert digest(co) == original
