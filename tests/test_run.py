@@ -1,0 +1,138 @@
+"""``run``: exec failures as a shell reports them, every signal a supervisor sends, Ctrl-C at a
+terminal, and Ctrl-C before the wrapper handles signals."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .test_bootstrap import alive, child_env, run_cli, supervised
+
+
+@pytest.mark.parametrize("first_line, why", [
+    ("echo hi\n", "cannot execute: exec format error (not a program, and no #! line)"),
+    ("#!/nonexistent/interp\necho hi\n", "bad interpreter: '/nonexistent/interp': no such file"),
+])
+def test_a_command_that_cannot_be_executed_exits_126_in_one_line(tmp_path, first_line, why):
+    script = tmp_path / "tool"
+    script.write_text(first_line)
+    script.chmod(0o755)
+    out = run_cli("run", "--", str(script))
+    assert out.returncode == 126 and out.stdout == ""
+    assert out.stderr == f"freetoken_graphfix: error: run: {str(script)!r}: {why}\n"
+
+
+def test_an_empty_mode_is_an_error_not_auto():
+    out = run_cli("run", "--mode", "", "--", "true")
+    assert out.returncode == 1
+    assert out.stderr == ("freetoken_graphfix: error: --mode='' is not a valid mode; accepted values: auto, upload, "
+                          "skip, warm, deferred, off, 0, false\n")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2])
+def test_user_signals_are_passed_on_and_the_child_carries_on(tmp_path, signum):
+    proc, child = supervised(tmp_path)
+    for _ in range(2):  # never counted as a second stop signal
+        proc.send_signal(signum)
+        assert proc.stdout.readline().strip() == f"got {int(signum)}"
+    assert proc.poll() is None and alive(child)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 40 + signal.SIGTERM and "Traceback" not in err
+
+
+def test_sigquit_stops_the_child_not_only_the_wrapper(tmp_path):
+    proc, child = supervised(tmp_path)
+    try:
+        proc.send_signal(signal.SIGQUIT)
+        out, err = proc.communicate(timeout=30)
+        assert out.strip() == f"got {int(signal.SIGQUIT)}" and proc.returncode == 40 + signal.SIGQUIT
+        assert not alive(child)
+    finally:
+        if alive(child):  # a wrapper that died alone left it running: never leave it behind
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("module", ["freetoken_graphfix.cli", "freetoken_graphfix.run"])
+def test_ctrl_c_while_the_wrapper_imports_prints_no_traceback(module):
+    """Ctrl-C while python -m freetoken_graphfix is still importing its modules (before any handler
+    of its own exists): exit 130 as a shell reports an interrupt, one quiet exit, no traceback. The
+    interrupt is raised at that import by an audit hook, so the moment is exact, not a race."""
+    code = ("import runpy, sys\n"
+            "def hook(event, args):\n"
+            f"    if event == 'import' and args[0] == {module!r}:\n"
+            "        raise KeyboardInterrupt\n"
+            "sys.addaudithook(hook)\n"
+            "sys.argv = ['freetoken_graphfix', 'run', '--', 'true']\n"
+            "runpy.run_module('freetoken_graphfix', run_name='__main__', alter_sys=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 130 and out.stderr == "" and out.stdout == "", out.stderr
+
+
+def test_ctrl_c_once_running_goes_to_the_child():
+    proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "run", "--", "sleep", "30"],
+                            env=child_env(None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and err == "", err  # sleep killed by SIGINT: 128 + 2
+
+
+def test_ctrl_c_at_a_terminal_reaches_a_child_in_its_own_group(tmp_path):
+    """At a terminal Ctrl-C goes to the foreground process group: the wrapper and a child in that
+    group get it from the terminal (the wrapper must not send it twice), but a child that made its
+    own group (a server) gets it only from the wrapper. Run here under a real pseudo-terminal."""
+    import pty
+
+    script = tmp_path / "driver.py"
+    script.write_text(f"""
+import os, signal, subprocess, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # like a shell: the terminal's Ctrl-C is not for it
+proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "run", "--", sys.executable,
+                         {str(tmp_path / 'trapper.py')!r}, "--group"], env=os.environ)
+sys.exit(proc.wait())
+""")
+    from .test_bootstrap import TRAPPER
+
+    (tmp_path / "trapper.py").write_text(TRAPPER)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session of its own with the pty as its controlling terminal
+        os.execve(sys.executable, [sys.executable, str(script)], child_env(None))
+    output = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"ready" not in output and time.monotonic() < deadline:
+            output += os.read(fd, 1024)
+        os.write(fd, b"\x03")  # Ctrl-C, as typed
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(fd, 1024)
+            except OSError:  # the terminal closed: everything in it exited
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if not done:  # the child never got the interrupt: end the session and the child's group, then fail
+            ready = output.decode(errors="replace").split("ready", 1)[-1].split()
+            for group in (pid, int(ready[0]) if ready and ready[0].isdigit() else None):
+                if group is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(group, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+    text = output.decode(errors="replace")
+    assert text.count(f"got {int(signal.SIGINT)}") == 1, text  # once: not also a second, killing, one
+    assert os.waitstatus_to_exitcode(status) == 40 + signal.SIGINT, text
