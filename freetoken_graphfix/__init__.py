@@ -43,6 +43,13 @@ def status() -> "dict[str, Any]":
     return hooks.status()
 
 
+def _install_armed(module: object) -> None:
+    """FreeToken's graph module was imported: complete the install this package's import armed."""
+    from . import hooks
+
+    hooks.install_armed()
+
+
 def __getattr__(name: str) -> "Any":
     # imported on use: the .pth imports this package in every process of the environment
     if name == "Mode":
@@ -56,4 +63,4 @@ def __getattr__(name: str) -> "Any":
     raise AttributeError(f"module 'freetoken_graphfix' has no attribute {name!r}")
 
 
-bootstrap.arm()
+bootstrap.arm(_install_armed)

@@ -1,10 +1,16 @@
-"""Reach every Python process of the environment: the env-gated ``.pth`` calls :func:`start`.
+"""Everything that runs at interpreter start-up: the env-gated ``.pth`` entry, the one install
+pending FreeToken's import, and the post-import hook it waits with.
 
 FreeToken captures its graphs in ``freetoken-TP{i}-scheduler`` processes started with
 multiprocessing "spawn" (``server/launch.py``), fresh interpreters that an ``import`` in the parent
 never reaches. The environment does reach them, and so does a ``.pth`` in site-packages
-(coverage's ``a1_coverage.pth`` idiom): ``freetoken_graphfix_bootstrap.pth`` imports this module
-only when ``FT_GRAPH_UPLOAD`` is set, and the hooks stay lazy until FreeToken is imported.
+(coverage's ``a1_coverage.pth`` idiom): ``freetoken_graphfix_bootstrap.pth`` imports the package
+only when ``FT_GRAPH_UPLOAD`` is set, and the package arms the install here. Most processes of the
+environment (pip, tokenizer workers, scripts) never import FreeToken, so this module imports nothing
+but ``os`` and ``sys`` and is the only one the package loads at start-up: the install side
+(``hooks``) is imported by the callback the package passes to :func:`arm`, once FreeToken's graph
+module is imported. wrapt's own post-import hook would import ``asyncio`` and
+``importlib.metadata`` (about 30 ms): :func:`when_imported` does the same job with ``sys`` alone.
 """
 
 from __future__ import annotations
@@ -12,72 +18,67 @@ from __future__ import annotations
 import os
 import sys
 
-from . import importhook
-
 TYPE_CHECKING = False  # typing is not imported at start-up
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
+    from types import ModuleType
+    from typing import Any
 
 ENV_MODE = "FT_GRAPH_UPLOAD"  # config.ENV_MODE, spelled here so that start-up imports no enum (tested)
 PTH_NAME = "freetoken_graphfix_bootstrap.pth"
 GRAPH_MODULE = "freetoken.engine.graph"
+NOT_ARMED = object()  # what env_before() and disarm() return when no install is pending
 
 
-NOT_ARMED = object()  # what disarm() returns when nothing was armed
+# ---------------------------------------------------------------- the install pending FreeToken
 
-
-class _Armed:
-    armed = False
-    env_before = None  # FT_GRAPH_UPLOAD as the user set it, before arm() exported a mode
+class _Pending:
+    hook: Callable[[ModuleType], None] | None = None  # the install, run once FreeToken's graph module is
+    env_before: str | None = None  # FT_GRAPH_UPLOAD as the user set it, before arm() exported a mode
     own_log_handler = False
 
 
-def arm(*, own_log_handler: bool = False) -> None:
-    """Install the shim once ``freetoken.engine.graph`` is imported (now, if it already is).
-
-    Costs nothing until then: wrapt, logging and the shim's own modules are imported only when
-    FreeToken is. ``FT_GRAPH_UPLOAD`` unset (or empty) is exported as ``auto`` right away, so child
-    processes (spawned tensor-parallel ranks) decide the same way. Safe to call again.
-    """
-    _Armed.own_log_handler |= own_log_handler
-    if _Armed.armed:
+def arm(hook: Callable[[ModuleType], None]) -> None:
+    """Run ``hook`` once ``freetoken.engine.graph`` is imported (now, if it already is), unless an
+    install is already pending. ``FT_GRAPH_UPLOAD`` unset or empty is exported as ``auto`` right
+    away, so processes started before FreeToken's import (spawned ranks) decide the same way."""
+    if _Pending.hook is not None:
         return
-    _Armed.armed = True
     value = os.environ.get(ENV_MODE)
-    _Armed.env_before = value
+    _Pending.hook, _Pending.env_before = hook, value
     if not (value or "").strip():
         os.environ[ENV_MODE] = "auto"
-    importhook.when_imported(GRAPH_MODULE, _on_freetoken)
+    when_imported(GRAPH_MODULE, _install)
 
 
-def armed_env_before() -> object:
-    """``FT_GRAPH_UPLOAD`` as found by a pending :func:`arm`, or ``NOT_ARMED``."""
-    return _Armed.env_before if _Armed.armed else NOT_ARMED
+def env_before() -> object:
+    """``FT_GRAPH_UPLOAD`` as the pending :func:`arm` found it, or ``NOT_ARMED``."""
+    return _Pending.env_before if _Pending.hook is not None else NOT_ARMED
 
 
 def disarm() -> object:
-    """Cancel a pending install (``install()``/``uninstall()`` take over); returns what
-    :func:`armed_env_before` returned."""
-    found = armed_env_before()
-    importhook.discard(GRAPH_MODULE, _on_freetoken)
-    _Armed.armed = False
+    """Cancel the pending install (an install or uninstall takes over); returns what
+    :func:`env_before` returned. The variable is left as it is: the caller decides."""
+    found = env_before()
+    discard(GRAPH_MODULE, _install)
+    _Pending.hook = None
     return found
 
 
-def _on_freetoken(module: object) -> None:
-    from . import hooks
-
-    if _Armed.own_log_handler:
+def _install(module: ModuleType) -> None:
+    hook = _Pending.hook
+    if hook is None:
+        return
+    if _Pending.own_log_handler:
         _add_log_handler()
-    hooks.install_armed()
+    hook(module)
 
 
 def start() -> None:
-    """The ``.pth``'s entry point: arm the shim in this process; never raises (one line on stderr)."""
-    try:
-        arm(own_log_handler=True)
-    except Exception as exc:
-        print(f"freetoken_graphfix: bootstrap failed, FreeToken left as it is: {exc!r}", file=sys.stderr)
+    """The ``.pth``'s entry point, once importing the package armed the shim in this process: the
+    shim's lines go to this process's stderr (a server's scheduler has no logging set up for them)."""
+    _Pending.own_log_handler = True
 
 
 def _add_log_handler() -> None:
@@ -144,3 +145,71 @@ def interpreters() -> list[str]:
     found = sorted(str(p) for p in bindir.glob("python*") if p.is_file() and os.access(p, os.X_OK)
                    and not p.name.endswith("-config"))
     return found or [sys.executable]
+
+
+# ---------------------------------------------------------------- the post-import hook
+
+_hooks: dict[str, list[Callable[[ModuleType], None]]] = {}
+
+
+def when_imported(name: str, hook: Callable[[ModuleType], None]) -> None:
+    """Call ``hook(module)`` once ``name`` is imported: now if it already is, else right after its
+    import runs. Each hook runs once."""
+    module = sys.modules.get(name)
+    if module is not None:
+        hook(module)
+        return
+    _hooks.setdefault(name, []).append(hook)
+    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+def discard(name: str, hook: Callable[[ModuleType], None]) -> None:
+    """Forget ``hook`` if it has not run yet."""
+    hooks = _hooks.get(name, [])
+    if hook in hooks:
+        hooks.remove(hook)
+    if not hooks:
+        _hooks.pop(name, None)
+
+
+def _fire(module: ModuleType) -> None:
+    for hook in _hooks.pop(module.__name__, []):
+        hook(module)
+
+
+class _Finder:
+    """Finds nothing itself: for a watched name it asks the other finders and wraps their loader."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name not in _hooks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+class _Loader:
+    """The real loader, plus the hooks after ``exec_module``; everything else is the real one's."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self._loader  # inspect, linecache and pickle see the real loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        _fire(module)

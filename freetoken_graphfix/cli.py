@@ -1,4 +1,4 @@
-"""``python -m freetoken_graphfix`` / ``freetoken-graphfix``: doctor, run, bench."""
+"""``python -m freetoken_graphfix`` / ``freetoken-graphfix``: doctor, run, patch, bench."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 from . import __version__, bootstrap, config, hooks
-from .errors import ConfigError, GraphfixError
+from .errors import ConfigError, GraphfixError, shown
 
 OK, ERR = 0, 1
 
@@ -28,9 +28,9 @@ MODE_HELP = {
 def do_doctor(args: argparse.Namespace) -> int:
     """Implementation of 'doctor': what is installed, what the shim does with it, and a short check.
 
-    Exits 1 when it finds a problem a user must fix (a bad ``FT_GRAPH_UPLOAD``, a short check
-    whose protected first launch blocked)."""
-    line = lambda k, v: print(f"{k:>20}: {v}")  # noqa: E731
+    Exits 1 when it finds a problem a user must fix (a bad ``FT_GRAPH_UPLOAD``, a FreeToken that
+    cannot be imported, a short check whose protected first launch blocked)."""
+    line = lambda k, v: print(f"{k:>24}: {v}")  # noqa: E731
     problems = 0
     line("freetoken-graphfix", __version__)
     line("python", f"{sys.executable} ({sys.version.split()[0]})")
@@ -38,7 +38,7 @@ def do_doctor(args: argparse.Namespace) -> int:
     try:
         mode = config.parse_mode(user_value)
         line(config.ENV_MODE, f"unset (mode {mode.value})" if user_value is None else
-             f"{user_value!r} (mode {mode.value})")
+             f"{shown(user_value)} (mode {mode.value})")
     except ConfigError as exc:
         problems += 1
         line(config.ENV_MODE, f"PROBLEM: {exc}")
@@ -46,17 +46,20 @@ def do_doctor(args: argparse.Namespace) -> int:
         try:
             import freetoken.engine.graph  # noqa: F401  (fires the shim's post-import hook)
         except Exception as exc:
-            line("freetoken", f"not importable: {exc!r}")
-            importable = False
+            failure: Exception | None = exc
         else:
-            importable = True
+            failure = None
         state = hooks.status()
     ft = state["freetoken"]
-    if importable:
+    if failure is not None:
+        problems += 1
+        line("freetoken", f"PROBLEM: cannot be imported: {type(failure).__name__}: {failure}")
+    else:
         tested = "a tested release" if ft["tested"] else "an untested release: decided by feature"
         line("freetoken", f"{ft['version']} at {ft['path']} ({tested})")
-    line("shim", f"{'patched' if state['patched'] else 'not patched'}"
-         + (f", mode {state['mode']}" if state["mode"] else "") + f": {state['reason']}")
+    line("shim in doctor", f"{'patched' if state['patched'] else 'not patched'}"
+         + (f", mode {state['mode']}" if state["mode"] else "") + f": {state['reason']} (doctor imports the "
+         "shim itself, so this holds for this process only)")
     if state["deferred"]["reason"]:
         line("deferred guard", f"{'available' if state['deferred']['available'] else 'unavailable'}: "
              f"{state['deferred']['reason']}")
@@ -66,13 +69,13 @@ def do_doctor(args: argparse.Namespace) -> int:
     pth = bootstrap.installed_pth()
     line("bootstrap .pth", str(pth) if pth else "not installed (pip install freetoken-graphfix into this environment)")
     active, why = bootstrap.would_activate(user_value)
-    line("new processes", f"{'shim installed' if active else 'shim NOT installed'}: {why}")
+    line("shim in new processes", f"{'installed' if active else 'NOT installed'}: {why}")
     line("interpreters", ", ".join(bootstrap.interpreters()))
     line("turn it off", f"{config.ENV_MODE}=off (or 0, false), or pip uninstall freetoken-graphfix")
     print("modes:")
     for name, text in MODE_HELP.items():
-        print(f"{name:>20}: {text}")
-    if not args.no_bench and importable:
+        print(f"{name:>24}: {text}")
+    if not args.no_bench and failure is None:
         problems += _short_check(line)
     return ERR if problems else OK
 
@@ -80,7 +83,8 @@ def do_doctor(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _quiet_freetoken() -> Iterator[None]:
     """FreeToken logs through its own stdout handler, and the shim's lines would say again what the
-    report says: hold both back while the report imports FreeToken."""
+    report says: hold both back while the report imports FreeToken (the report's own lines are
+    printed after it)."""
     before = logging.root.manager.disable
     logging.disable(logging.ERROR)
     try:
@@ -129,17 +133,16 @@ def do_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{exc} (or pass --mode)") from None
     try:
         executable = run.resolve(command[0])
+        for warning in (run.foreign_python(executable),
+                        None if bootstrap.installed_pth() else
+                        f"freetoken_graphfix: warning: {bootstrap.PTH_NAME} is not installed in this environment; "
+                        "only processes that import freetoken_graphfix will get the shim"):
+            if warning:
+                print(warning, file=sys.stderr)
+        return run.supervise([executable, *command[1:]], dict(os.environ, **{config.ENV_MODE: mode.value}))
     except run.CommandError as exc:
         print(f"freetoken_graphfix: error: {exc}", file=sys.stderr)
         return exc.code
-    for warning in (run.foreign_python(executable),
-                    None if bootstrap.installed_pth() else
-                    f"freetoken_graphfix: warning: {bootstrap.PTH_NAME} is not installed in this environment; "
-                    "only processes that import freetoken_graphfix will get the shim"):
-        if warning:
-            print(warning, file=sys.stderr)
-    env = dict(os.environ, **{config.ENV_MODE: mode.value})
-    return run.supervise([executable, *command[1:]], env)
 
 
 def do_patch(args: argparse.Namespace) -> int:
@@ -169,38 +172,72 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m freetoken_graphfix", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    doctor = sub.add_parser("doctor", help="what is installed and what the shim would do (run this first)")
+DESCRIPTION = "Protect only the FreeToken CUDA graphs that need it, at no replay cost."
+
+
+def program() -> str:
+    """The program as the user invoked it: the console script, or ``python -m``."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name if name == "freetoken-graphfix" else "python -m freetoken_graphfix"
+
+
+def parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser, and each command's own (for its own usage on its own errors)."""
+    prog = prog or program()
+    ap = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
+                                 epilog="'<command> -h' describes a command and its options.")
+    ap.add_argument("--version", action="version", version=f"freetoken-graphfix {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True, title="commands", metavar="{doctor,run,patch,bench}")
+    doctor = sub.add_parser("doctor", help="what is installed and what the shim would do (run this first)",
+                            description="What is installed, what the shim does with it in this process and in "
+                                        "new ones, which patch series is applied, and, with a CUDA device, a short "
+                                        "first-launch check. Exits 1 when it finds a problem to fix.")
     doctor.add_argument("--no-bench", action="store_true", help="skip the short GPU check (three first-launch probes)")
-    run = sub.add_parser("run", help="run a command with the shim enabled: run -- ft serve ...")
-    run.add_argument("--mode", help=f"mode for the command (default: {config.ENV_MODE} or auto)")
-    run.add_argument("command", nargs=argparse.REMAINDER)
-    patch = sub.add_parser("patch", help="check, apply or revert the upstream patch series (patches/)")
-    patch.add_argument("action", choices=["check", "apply", "revert"])
+    modes = ", ".join(config.ACCEPTED)
+    run = sub.add_parser("run", help="run a command with the shim enabled: run -- ft serve ...",
+                         description="Run COMMAND with FT_GRAPH_UPLOAD set, so that every Python process it starts "
+                                     "(ft serve's scheduler included) loads the shim. Signals go on to the command; "
+                                     "the exit code is the command's (128+N if a signal N killed it; 127 not found, "
+                                     "126 not executable).",
+                         epilog="example: run -- ft serve --model ~/models/qwen")
+    run.add_argument("--mode", metavar="MODE", help=f"the mode for the command, of: {modes} "
+                                                    f"(default: {config.ENV_MODE}, else auto)")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]",
+                     help="the command and its arguments, after --")
+    patch = sub.add_parser("patch", help="check, apply or revert the patch series for FreeToken (patches/)",
+                           description="The patch series for FreeToken itself, on a checkout (--repo) or on the "
+                                       "installed FreeToken (--site). Every run is all or nothing, and runs on one "
+                                       "tree take turns.")
+    patch.add_argument("action", choices=["check", "apply", "revert"], metavar="ACTION",
+                       help="check (say whether the series is applied), apply, or revert (to the release's bytes)")
     where = patch.add_mutually_exclusive_group(required=True)
-    where.add_argument("--repo", metavar="PATH", help="a FreeToken git checkout (python/freetoken/...)")
+    where.add_argument("--repo", metavar="PATH", help="a FreeToken checkout (the folder holding python/freetoken/)")
     where.add_argument("--site", action="store_true", help="the FreeToken installed in this environment")
-    bench = sub.add_parser("bench", help="measure what the upload and each strategy cost on this GPU",
-                           add_help=False)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
-    return ap
+    sub.add_parser("bench", help="measure what the upload and each mode cost on this GPU (bench -h: its options)",
+                   add_help=False)
+    return ap, {"doctor": doctor, "run": run, "patch": patch}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # bench owns its options (argparse REMAINDER would not pass "--x" on)
-        from .bench import cli as bench_cli
-
-        return bench_cli.main(argv[1:])
-    args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s %(message)s")
+    prog = program()
     try:
-        return COMMANDS[args.cmd](args)
-    except GraphfixError as exc:
-        print(f"freetoken_graphfix: error: {exc}", file=sys.stderr)
-        return ERR
+        if argv[:1] == ["bench"]:  # bench owns its options (argparse REMAINDER would not pass "--x" on)
+            from .bench import cli as bench_cli
+
+            return bench_cli.main(argv[1:], prog=f"{prog} bench")
+        ap, commands = parser(prog)
+        args, extra = ap.parse_known_args(argv)
+        if extra:  # (run's command takes every argument after its name: these came before it)
+            commands[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
+        logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s %(message)s")
+        try:
+            return COMMANDS[args.cmd](args)
+        except GraphfixError as exc:
+            print(f"freetoken_graphfix: error: {exc}", file=sys.stderr)
+            return ERR
+    except KeyboardInterrupt:  # Ctrl-C outside run's own handling: no traceback, a shell's code
+        return 128 + 2
 
 
 if __name__ == "__main__":  # pragma: no cover

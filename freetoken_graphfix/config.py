@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import os
 
-from .errors import ConfigError
+from .errors import ConfigError, shown
 
 ENV_MODE = "FT_GRAPH_UPLOAD"
 """Mode of the shim: ``auto`` (default), ``upload``, ``skip``, ``warm``, ``deferred``, or ``off``
@@ -36,14 +36,16 @@ ACCEPTED = tuple(m.value for m in Mode if m is not Mode.OFF) + OFF_VALUES
 def parse_mode(value: str | None, *, source: str = ENV_MODE) -> Mode:
     """Return the :class:`Mode` named by ``value`` (``None`` or empty means ``auto``).
 
-    Raises :class:`ConfigError` naming ``source``, the value and the accepted values otherwise.
+    Raises :class:`ConfigError` naming ``source``, the value and the accepted values otherwise, and
+    for an empty value given as an option (``source`` other than the variable): there, empty is a
+    mistake, not "unset".
     """
     if value is None:
         return Mode.AUTO
     if isinstance(value, Mode):
         return value
     text = str(value).strip().lower()
-    if text == "":
+    if text == "" and source == ENV_MODE:
         return Mode.AUTO
     if text in OFF_VALUES:
         return Mode.OFF
@@ -51,7 +53,7 @@ def parse_mode(value: str | None, *, source: str = ENV_MODE) -> Mode:
         return Mode(text)
     except ValueError:
         raise ConfigError(
-            f"{source}={value!r} is not a valid mode; accepted values: {', '.join(ACCEPTED)}"
+            f"{source}={shown(value)} is not a valid mode; accepted values: {', '.join(ACCEPTED)}"
         ) from None
 
 

@@ -1,6 +1,6 @@
 """install() / uninstall(): take the place of FreeToken's capture-time upload, graph by graph.
 
-Wrapped, all or nothing, when ``freetoken.engine.graph`` is imported (``importhook``, so the import
+Wrapped, all or nothing, when ``freetoken.engine.graph`` is imported (``bootstrap.when_imported``, so the import
 order does not matter), each a module or class attribute FreeToken looks up at call time:
 
 - ``engine.graph._upload_graph`` (0.2.x; called per graph, ``graph.py`` 222): the per-graph decision.
@@ -26,7 +26,7 @@ from typing import Any
 
 import wrapt
 
-from . import bootstrap, config, importhook
+from . import bootstrap, config
 from .compat import AFTER_CAPTURE, GRAPH_MODULE, UPLOAD_SEAM, Compat, check, freetoken_version
 from .config import Mode
 from .deferred import FirstLaunchGuard, restore
@@ -116,7 +116,7 @@ def install(mode: str | Mode | None = None, *, device: Device | None = None,
     if resolved is Mode.OFF:
         logger.info("%s=off: shim disabled; FreeToken keeps its own upload", config.ENV_MODE)
         return
-    importhook.when_imported(GRAPH_MODULE, _on_graph_import)  # runs now if already imported
+    bootstrap.when_imported(GRAPH_MODULE, _on_graph_import)  # runs now if already imported
 
 
 def install_armed() -> None:
@@ -157,9 +157,12 @@ def uninstall() -> None:
     """Restore FreeToken's original functions exactly; safe to call again or before install().
 
     Graphs still awaiting a deferred first launch are uploaded first: nothing else would protect
-    them once the guard is gone, and the upload is FreeToken's own protection."""
-    bootstrap.disarm()
+    them once the guard is gone, and the upload is FreeToken's own protection. ``FT_GRAPH_UPLOAD``
+    is put back as it was before the shim set it, also when only an install was pending."""
+    pending = bootstrap.disarm()
     if not _state.installed:
+        if pending is not bootstrap.NOT_ARMED:  # import exported auto for a user who set nothing
+            _restore_env(pending)
         logger.debug("freetoken_graphfix not installed; nothing to uninstall")
         return
     if _state.guard is not None and _state.guard.pending:
@@ -167,29 +170,33 @@ def uninstall() -> None:
         _state.uninstalled = f"uploaded {count} graph(s) still awaiting their first launch"
         logger.info("uninstall: %s (FreeToken's own protection)", _state.uninstalled)
     _state.guard = None
-    importhook.discard(GRAPH_MODULE, _on_graph_import)
+    bootstrap.discard(GRAPH_MODULE, _on_graph_import)
     _unwrap_all()
     _state.recorder.clear()
     _state.current = None
     _state.compat = None
-    if _state.env_before is None:
+    _restore_env(_state.env_before)
+    _state.installed, _state.mode = False, None
+
+
+def _restore_env(value: str | None) -> None:
+    if value is None:
         os.environ.pop(config.ENV_MODE, None)
     else:
-        os.environ[config.ENV_MODE] = _state.env_before
-    _state.installed, _state.mode = False, None
+        os.environ[config.ENV_MODE] = value
 
 
 def user_env_value() -> str | None:
     """``FT_GRAPH_UPLOAD`` as the user set it, before the shim exported the resolved mode."""
     if _state.installed:
         return _state.env_before
-    armed = bootstrap.armed_env_before()
-    return os.environ.get(config.ENV_MODE) if armed is bootstrap.NOT_ARMED else armed
+    pending = bootstrap.env_before()
+    return os.environ.get(config.ENV_MODE) if pending is bootstrap.NOT_ARMED else pending
 
 
 def status() -> dict[str, Any]:
     """A structured record: FreeToken found, whether patched and why not, the mode, every graph seen."""
-    if bootstrap.armed_env_before() is not bootstrap.NOT_ARMED and not _state.installed:
+    if bootstrap.env_before() is not bootstrap.NOT_ARMED and not _state.installed:
         install_armed()  # import armed it: complete the install, which then waits for FreeToken
     compat = _state.compat
     if _state.config_error:

@@ -183,6 +183,15 @@ def test_startup_bench_measures_armed_and_off():
     assert set(rec["delta_ms"]) == {"unset", "armed (auto)", "off"} and rec["target_ms"] == 5.0
     assert text.startswith("python -c pass, 3 interleaved runs each, FreeToken never imported: bare venv ")
     assert "armed (auto) +" in text or "armed (auto) -" in text
+    assert all(x != x for x in rec["delta_band_ms"]["off"])  # 3 runs are too few for an interval: nan
+
+
+def test_median_band_covers_the_median():
+    """Distribution-free: the order statistics around n/2; with n = 100 the 95% interval runs from
+    the 41st to the 60th value."""
+    values = [float(v) for v in range(100)]
+    assert stats.median_band(values) == (49.5, 40.0, 59.0)
+    assert all(v != v for v in stats.median_band([1.0, 2.0])[1:])  # too few: no interval
 
 
 @pytest.mark.parametrize("option", ["--instances", "--reps", "--kernels", "--streams", "--profile-reps"])
@@ -195,3 +204,11 @@ def test_bench_refuses_bad_counts_naming_the_accepted_values(option, capsys):
 
 def test_profile_reps_may_be_zero():
     assert cli.parser().parse_args(["--profile-reps", "0"]).profile_reps == 0
+
+
+def test_progress_stays_out_of_a_log(monkeypatch, capsys):
+    """Redirected to a file (a shared log, CI), bench writes no progress bar: no carriage returns."""
+    items = list(range(200))
+    monkeypatch.setattr(common.sys.stderr, "isatty", lambda: False, raising=False)
+    assert list(common.progress(items, len(items), "replays")) == items
+    assert "\r" not in capsys.readouterr().err

@@ -88,15 +88,14 @@ def test_bad_value_is_one_line_where_freetoken_runs():
 
 @pytest.mark.parametrize("value", ["auto", "off", "bogus"])
 def test_armed_start_up_imports_nothing_heavy(value):
-    """With the variable set and FreeToken never imported, start-up imports three small modules of
-    the shim and nothing else: no wrapt, logging, enum or typing (measured: bench --startup)."""
+    """With the variable set and FreeToken never imported, start-up imports the package and its
+    bootstrap module and nothing else: no wrapt, logging, enum or typing (measured: bench --startup)."""
     code = ("import sys; print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('freetoken_graphfix', 'wrapt', 'logging', 'enum', 'typing', 'torch', 'freetoken')))")
     out = subprocess.run([sys.executable, "-c", code], env=child_env(value), capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and out.stderr == ""
-    assert out.stdout.strip() == str(["freetoken_graphfix", "freetoken_graphfix.bootstrap",
-                                      "freetoken_graphfix.importhook"])
+    assert out.stdout.strip() == str(["freetoken_graphfix", "freetoken_graphfix.bootstrap"])
 
 
 def test_bootstrap_spells_the_variable_as_config_does():
@@ -222,11 +221,13 @@ got = []
 def handler(signum, frame):
     got.append(signum)
     print("got", signum, flush=True)
+    if signum in (signal.SIGUSR1, signal.SIGUSR2):  # a user's signal: noted, the child carries on
+        return
     if "--stubborn" not in sys.argv:
         if grandchild:
             os.waitpid(grandchild, 0)
         sys.exit(40 + signum)
-for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
     signal.signal(s, handler)
 print("ready", os.getpid(), flush=True)
 while True:
@@ -288,10 +289,11 @@ def test_doctor_tells_the_truth():
     lines = dict(line.strip().split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
     assert lines["FT_GRAPH_UPLOAD"] == "unset (mode auto)"
     assert lines["freetoken"].startswith("0.2.1 at ") and lines["freetoken"].endswith("(a tested release)")
-    assert lines["shim"].startswith("patched, mode auto: freetoken 0.2.1 holds the capture-time upload")
+    assert lines["shim in doctor"].startswith("patched, mode auto: freetoken 0.2.1 holds the capture-time upload")
+    assert lines["shim in doctor"].endswith("(doctor imports the shim itself, so this holds for this process only)")
     assert lines["deferred guard"].startswith("available")
     assert lines["bootstrap .pth"].endswith(bootstrap.PTH_NAME)
-    assert lines["new processes"].startswith("shim NOT installed: FT_GRAPH_UPLOAD is unset")
+    assert lines["shim in new processes"].startswith("NOT installed: FT_GRAPH_UPLOAD is unset")
     assert sys.executable in lines["interpreters"] or os.path.realpath(sys.executable) in lines["interpreters"]
     assert lines["patch series"].startswith("not applied (2 patches for FreeToken 0.2.1 in ")
     assert "None" not in out.stdout
@@ -299,9 +301,9 @@ def test_doctor_tells_the_truth():
     assert len(labels) == len(set(labels))  # each label once
     off = run_cli("doctor", "--no-bench", env=child_env("off"))
     lines = dict(line.strip().split(": ", 1) for line in off.stdout.splitlines() if ": " in line)
-    assert lines["shim"] == "not patched, mode off: disabled (FT_GRAPH_UPLOAD=off)"
-    assert lines["new processes"] == (
-        "shim NOT installed: FT_GRAPH_UPLOAD='off': shim disabled, FreeToken keeps its own upload")
+    assert lines["shim in doctor"].startswith("not patched, mode off: disabled (FT_GRAPH_UPLOAD=off)")
+    assert lines["shim in new processes"] == (
+        "NOT installed: FT_GRAPH_UPLOAD='off': shim disabled, FreeToken keeps its own upload")
 
 
 def test_doctor_reports_a_bad_variable_as_the_problem():
@@ -310,7 +312,7 @@ def test_doctor_reports_a_bad_variable_as_the_problem():
     lines = dict(line.strip().split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
     assert lines["FT_GRAPH_UPLOAD"] == ("PROBLEM: FT_GRAPH_UPLOAD='bogus' is not a valid mode; accepted values: "
                                         "auto, upload, skip, warm, deferred, off, 0, false")
-    assert lines["shim"].startswith("not patched: FT_GRAPH_UPLOAD='bogus' is not a valid mode")
+    assert lines["shim in doctor"].startswith("not patched: FT_GRAPH_UPLOAD='bogus' is not a valid mode")
 
 
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["patch", "--help"]])
@@ -328,3 +330,47 @@ def test_bootstrap_logs_each_line_once():
     lines = [line for line in out.stderr.splitlines() if "patched (mode auto)" in line]
     assert len(lines) == 1, out.stderr  # in whichever format: once, not once per handler
     assert lines[0].startswith("[freetoken_graphfix pid=")
+
+
+@pytest.mark.parametrize("user_value, calls", [
+    (None, "g.uninstall()"), ("warm", "g.uninstall()"),
+    (None, "g.install(); g.uninstall()"), ("warm", "g.install(); g.uninstall()"),
+])
+def test_uninstall_puts_the_variable_back_as_it_found_it(user_value, calls):
+    """Before FreeToken was imported (the install only pending) or after an install: the variable
+    that import exported for child processes goes, and a value the user set stays."""
+    code = f"import os, freetoken_graphfix as g; {calls}; print(os.environ.get('FT_GRAPH_UPLOAD'))"
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(user_value), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(user_value)
+
+
+SPAWNED = """
+import multiprocessing as mp, sys
+
+def child(queue):
+    import freetoken.engine.graph  # a scheduler process: it imports FreeToken, not freetoken_graphfix
+    shim = sys.modules.get("freetoken_graphfix")
+    queue.put(None if shim is None else shim.status()["patched"])
+
+if __name__ == "__main__":
+    import freetoken_graphfix  # the parent: armed, FreeToken's graph module not imported yet
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=child, args=(queue,))
+    proc.start()
+    print(queue.get(timeout=120))
+    proc.join()
+"""
+
+
+def test_processes_started_after_the_import_get_the_shim_too(tmp_path):
+    """A program that imports freetoken_graphfix and then spawns its scheduler processes before its
+    own import of FreeToken: import exported FT_GRAPH_UPLOAD=auto, so the .pth arms the shim there."""
+    script = tmp_path / "launcher.py"
+    script.write_text(SPAWNED)
+    out = subprocess.run([sys.executable, str(script)], env=child_env(None), capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"

@@ -51,11 +51,15 @@ def last_stderr_line(proc: subprocess.CompletedProcess) -> str:
 
 
 def progress(iterable: Iterable, total: int, desc: str) -> Iterable:
+    """A progress bar on a terminal; nothing where stderr is a file or a pipe (a log, CI), which a
+    bar would fill with carriage-return updates (tqdm's own convention)."""
+    if not sys.stderr.isatty():
+        return iterable
     try:
         from tqdm import tqdm
     except ImportError:
         return iterable
-    return tqdm(iterable, total=total, desc=desc, leave=False, disable=total < 50)
+    return tqdm(iterable, total=total, desc=desc, leave=False)
 
 
 def positive(text: str) -> int:

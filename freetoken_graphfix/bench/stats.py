@@ -177,3 +177,16 @@ def paired_ratio(arm: list[float | None], base: list[float | None]) -> tuple[flo
     if len(logs) < 2:
         return math.nan, math.nan
     return math.exp(statistics.fmean(logs)), statistics.stdev(logs) / math.sqrt(len(logs))
+
+
+def median_band(values: list[float]) -> tuple[float, float, float]:
+    """The median of ``values`` and a 95% interval for it that assumes no distribution: the order
+    statistics ``n/2 -+ 0.98 sqrt(n)`` (the binomial's normal approximation). ``(median, nan, nan)``
+    with fewer than 8 values, too few for one."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n < 8:
+        return (statistics.median(ordered) if ordered else math.nan), math.nan, math.nan
+    half = 0.98 * math.sqrt(n)
+    low, high = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
+    return statistics.median(ordered), ordered[low], ordered[high]

@@ -1,0 +1,82 @@
+"""The command line as a user meets it: its name as invoked, --version, plain-text help that lists
+accepted values, a command's own usage on its own errors, doctor's report when FreeToken cannot be
+imported or the variable is absurd."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+from .test_bootstrap import child_env, run_cli
+
+
+def test_version():
+    out = run_cli("--version")
+    from freetoken_graphfix import __version__
+
+    assert out.returncode == 0 and out.stdout == f"freetoken-graphfix {__version__}\n"
+
+
+def test_the_program_is_named_as_invoked():
+    script = os.path.join(sysconfig.get_paths()["scripts"], "freetoken-graphfix")
+    assert os.path.exists(script), "the console script is installed with the package"
+    as_script = subprocess.run([script, "--help"], env=child_env(None), capture_output=True, text=True, timeout=60)
+    assert as_script.returncode == 0 and as_script.stdout.startswith("usage: freetoken-graphfix [-h]")
+    assert run_cli("--help").stdout.startswith("usage: python -m freetoken_graphfix [-h]")
+    bench = subprocess.run([script, "bench", "--help"], env=child_env(None), capture_output=True, text=True,
+                           timeout=60)
+    assert bench.stdout.startswith("usage: freetoken-graphfix bench [-h]")
+
+
+@pytest.mark.parametrize("args, own", [
+    (["run", "--bogus", "x"], "run"), (["patch", "bogus", "--site"], "patch"), (["doctor", "--bogus"], "doctor"),
+])
+def test_a_commands_error_shows_its_own_usage(args, own):
+    out = run_cli(*args)
+    assert out.returncode == 2 and out.stdout == ""
+    usage, error = out.stderr.strip().splitlines()[0], out.stderr.strip().splitlines()[-1]
+    assert usage.startswith(f"usage: python -m freetoken_graphfix {own} ")
+    assert error.startswith(f"python -m freetoken_graphfix {own}: error: ")
+
+
+@pytest.mark.parametrize("args, values", [
+    ([], ["doctor", "run", "patch", "bench"]),
+    (["run"], ["auto, upload, skip, warm, deferred, off, 0, false", "-- COMMAND"]),
+    (["patch"], ["check", "apply", "revert", "--repo", "--site"]),
+    (["doctor"], ["--no-bench"]),
+    (["bench"], ["upstream, pre-697, gate, auto, upload, warm, deferred, skip, patched", "qwen4_exp, llama, qwen3,"]),
+])
+def test_every_help_is_plain_text_with_its_values(args, values):
+    out = run_cli(*args, "--help")
+    assert out.returncode == 0 and out.stderr == ""
+    assert "``" not in out.stdout and ":func:" not in out.stdout  # no reST markup
+    text = " ".join(out.stdout.split())
+    for value in values:
+        assert value in text, value
+
+
+@pytest.mark.parametrize("blocked", ["torch", "freetoken"])
+def test_doctor_says_when_freetoken_cannot_be_imported(blocked):
+    """FreeToken without torch, or no FreeToken at all: one line saying so, and a problem (exit 1),
+    not a report that waits for a FreeToken that will never come."""
+    code = (f"import sys; sys.modules[{blocked!r}] = None\n"
+            "from freetoken_graphfix.cli import main\n"
+            "sys.exit(main(['doctor', '--no-bench']))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = dict(line.strip().split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    assert lines["freetoken"].startswith("PROBLEM: cannot be imported: ")
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_doctor_cuts_an_absurd_value():
+    value = "x" * 5000
+    out = run_cli("doctor", "--no-bench", env=child_env(value))
+    assert out.returncode == 1
+    assert out.stdout.count("x" * 100) == 0 and "(5000 characters)" in out.stdout
+    assert max(len(line) for line in out.stdout.splitlines()) < 400
