@@ -342,3 +342,38 @@ def test_deferred_adds_no_hook_after_first_launches(install, fake, engine):
     step(runner, engine, fake, 1, seed=14)
     assert [vars(cls)[name] for cls, name in path] == originals
     assert vars(runner.graph_map[1]).keys() & {"replay"} == set() and "host_fill_batch" not in vars(engine[0])
+
+
+def test_a_stale_fill_of_another_size_is_never_used_for_a_first_launch(install, fake, engine, caplog):
+    """A dispatch at bs 2 that raised before its launch leaves its staged fill unrun; a bare launch of
+    the bs 1 graph must not take that fill (bs 2's rows) to release its WAIT: it is uploaded
+    instead, and the stale fill never runs."""
+    table, _ = engine
+    install("deferred")
+    runner = harness.make_runner(engine[1], fake.default)
+    runner.attn_backend.fail_next_replay = True
+    with pytest.raises(RuntimeError, match="prepare_for_replay failed before the launch"):
+        step(runner, engine, fake, 2, seed=21)
+    stale = vars(table)["host_fill_batch"].staged
+    assert stale is not None and stale.bs == 2 and not stale.ran
+    batch, _ = harness.make_batch(1, seed=22)
+    with fake.stream(runner.stream), fake.ctx.forward_batch(batch):
+        runner.replay(batch)  # no forward_host_ctx: nothing staged for bs 1
+    assert runner.graph_map[1].uploaded and not stale.ran
+    assert first_launches()["bs=1"] == "uploaded at first launch: no fill staged"
+    fake.halt.set()  # nothing will release that bare launch's WAIT
+
+
+def test_a_table_whose_waiting_graphs_all_died_is_left_as_shipped(install, fake, engine):
+    """Every graph reading the table dies before its first launch (destroy_cuda_graphs, no recapture):
+    the table's next dispatch finds no graph waiting and takes FreeToken's own host_fill_batch
+    back, so no stand-in stays on the decode path for the engine's life."""
+    table, _ = engine
+    install("deferred")
+    runner = harness.make_runner(engine[1], fake.default)
+    assert "host_fill_batch" in vars(table) and pending() == 2
+    runner.destroy_cuda_graphs()
+    assert pending() == 0
+    batch, _ = harness.make_batch(2, seed=23)
+    table.host_fill_batch(batch, False)  # an eager dispatch: the stager sees no graph waiting
+    assert "host_fill_batch" not in vars(table)

@@ -20,7 +20,7 @@ import pytest
 from freetoken_graphfix import bootstrap
 from freetoken_graphfix.bench import common, engine, engine_report, model, target
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]  # a module fixture runs whole engines
 
 
 # 48 layers: the cost check (the never-uploaded arms never block at this size); 320 layers: every

@@ -14,7 +14,7 @@ import torch
 
 import freetoken_graphfix
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]  # a module fixture runs whole engines
 
 STEPS = [(2, 11), (1, 12), (2, 13), (1, 14)]  # (bs, seed) in serving order, first launches first
 

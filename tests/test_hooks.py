@@ -220,16 +220,21 @@ def test_freetoken_012_has_nothing_to_protect(freetoken_tree):
                           "release (no disk PLE table): nothing to protect"]
 
 
-def test_an_untested_release_is_decided_by_feature(clean_shim, monkeypatch, caplog):
+@pytest.mark.parametrize("version", ["0.2.9", "0.2.1.post1", "0.2.1+local"])
+def test_an_untested_release_is_decided_by_feature(clean_shim, monkeypatch, caplog, version):
+    """Another release, a post-release or a local build of a tested one alike: none of them is what
+    the tests ran against, so each gets the WARNING that names what was checked."""
+    import freetoken.engine.graph  # noqa: F401  (the install completes on FreeToken's import)
+
     from freetoken_graphfix import compat
 
-    monkeypatch.setattr(compat, "freetoken_version", lambda: "0.2.9")
+    monkeypatch.setattr(compat, "freetoken_version", lambda: version)
     with caplog.at_level(logging.INFO, "freetoken_graphfix"):
         freetoken_graphfix.install("auto")
     st = freetoken_graphfix.status()
     assert st["patched"] and st["freetoken"]["tested"] is False and st["deferred"]["available"]
     assert st["reason"] == (
-        "freetoken 0.2.9 holds the capture-time upload (untested release, decided by feature: found "
+        f"freetoken {version} holds the capture-time upload (untested release, decided by feature: found "
         "GraphRunner._capture_graphs, freetoken.kernel.row_store.wait_reset, _upload_graph(graph, stream); "
         "deferred path: every private detail found)")
     assert [r.levelname for r in caplog.records] == ["WARNING"]

@@ -19,7 +19,7 @@ import pytest
 
 from freetoken_graphfix import bootstrap
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]  # a module fixture runs whole engines
 ROOT = Path(__file__).resolve().parents[1]
 
 
