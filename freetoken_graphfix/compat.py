@@ -1,7 +1,7 @@
 """Which FreeToken the shim can patch, and how: decided by feature, reported with the version.
 
 Two generations hold the PLE wait-sync WAIT that a never-uploaded graph can block its first
-launch behind (``shared``: ``freetoken-0.2.1.md``, ``first-launch-upstream.md`` section 5):
+launch behind (paths below are FreeToken's, inside its ``freetoken`` package):
 
 - 0.2.x uploads every graph at capture (``engine/graph.py`` ``_upload_graph``): the shim takes that
   call's place, graph by graph, and sees the WAITs through ``kernel/row_store.wait_reset``.

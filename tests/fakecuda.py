@@ -4,9 +4,10 @@ The fake replaces the driver-facing edges FreeToken calls (``torch.cuda`` graph/
 ``memop_wait_reset`` of ``_row_store`` (0.2.x) or ``_ple_store`` (0.1.3), the ctypes
 ``cuGraphUpload``). A graph is a list of nodes run by
 a "GPU" thread at launch: a WAIT polls the real host flag until it is >= 1 and writes 0 (the memop
-pair ``wait_reset`` enqueues), a kernel node runs a Python callable. Like the H200 measurements in
-``shared/gpu.md``, the first launch of a *large*, never-uploaded graph blocks until its first WAIT
-is consumed; uploaded graphs and later launches never block.
+pair ``wait_reset`` enqueues), a kernel node runs a Python callable. As measured on an H200 with
+FreeToken's own row store (docs/measurements.md, "First launches"), the first launch of a *large*,
+never-uploaded graph blocks until its first WAIT is consumed; uploaded graphs and later launches
+never block.
 """
 
 from __future__ import annotations

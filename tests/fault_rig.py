@@ -59,7 +59,8 @@ class EngineRig:
 
     def faults(self, out: dict) -> None:
         """A fill that raises, a launch that raises, a step that raises before its launch: each
-        followed by a step that must still be protected (issue #14)."""
+        followed by a step that must still be protected: a fault must neither leave a flag at 1 nor
+        unguard the retry."""
         from freetoken.models.qwen4_exp.ple_disk import DiskRowTable
 
         real_fill = DiskRowTable.fill
