@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from .bench_run import bench_record
+
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]  # a module fixture runs whole engines
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,18 +58,12 @@ def test_protected_never_block_and_match_gate_mode(run, mode, action):
 def engine(tmp_path_factory):
     """``bench --engine`` on 0.1.3 at 320 layers (where 0.2.x's never-uploaded graphs block): upstream
     (0.1.3 uploads nothing), gate (FreeToken's escape hatch, the token reference) and auto."""
-    logs = tmp_path_factory.mktemp("engine-013")
-    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine", "--layers", "320",
-                          "--decode-steps", "32", "--context", "256", "--rounds", "1", "--trace-steps", "0",
-                          "--replays", "20", "--hang-timeout", "150",
-                          "--arms", "upstream", "gate", "auto", "--logs", str(logs),
-                          "--json", str(logs / "engine.json")],
-                         cwd=ROOT, env=env_013(), capture_output=True, text=True, timeout=900)
-    print("\n" + out.stdout)
-    assert (logs / "engine.json").is_file(), out.stderr[-4000:]
-    (record,) = json.loads((logs / "engine.json").read_text())
-    assert {r["freetoken"] for rs in record["runs"].values() for r in rs if "error" not in r} == {"0.1.3"}, out.stderr
-    return record, out.returncode
+    record, code = bench_record(["--engine", "--layers", "320", "--decode-steps", "32", "--context", "256",
+                                 "--rounds", "1", "--trace-steps", "0", "--replays", "20", "--hang-timeout", "150",
+                                 "--arms", "upstream", "gate", "auto"], tmp_path_factory.mktemp("engine-013"),
+                                env=env_013())
+    assert {r["freetoken"] for rs in record["runs"].values() for r in rs if "error" not in r} == {"0.1.3"}
+    return record, code
 
 
 def test_real_engine_unprotected_first_launches_block(engine):

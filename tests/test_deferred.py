@@ -144,15 +144,21 @@ def test_launch_that_raises_keeps_the_mark_and_leaves_no_release(install, fake, 
     assert first_launches()["bs=2"].startswith("fill on helper thread")
 
 
-def test_launch_that_raises_before_cuda_graph_launch(install, fake, engine):
-    """GraphRunner.replay raises before g.replay() (prepare_for_replay here, copy_from alike): the
-    graph was never launched, so its mark stays, no release was made, and the retry is protected."""
-    table, _ = engine
+def raised_before_launch(install, fake, engine, bs, seed):
+    """A deferred runner whose first dispatch at ``bs`` raises in GraphRunner.replay before g.replay()."""
     install("deferred")
     runner = harness.make_runner(engine[1], fake.default)
     runner.attn_backend.fail_next_replay = True
     with pytest.raises(RuntimeError, match="prepare_for_replay failed before the launch"):
-        step(runner, engine, fake, 1, seed=8)
+        step(runner, engine, fake, bs, seed)
+    return runner
+
+
+def test_launch_that_raises_before_cuda_graph_launch(install, fake, engine):
+    """GraphRunner.replay raises before g.replay() (prepare_for_replay here, copy_from alike): the
+    graph was never launched, so its mark stays, no release was made, and the retry is protected."""
+    table, _ = engine
+    runner = raised_before_launch(install, fake, engine, bs=1, seed=8)
     assert int(table._flag[0]) == 0 and runner.graph_map[1].launches == 0
     assert marked(runner.graph_map[1]) and first_launches()["bs=1"] == "pending"
     retry = step(runner, engine, fake, 1, seed=9)
@@ -349,11 +355,7 @@ def test_a_stale_fill_of_another_size_is_never_used_for_a_first_launch(install, 
     the bs 1 graph must not take that fill (bs 2's rows) to release its WAIT: it is uploaded
     instead, and the stale fill never runs."""
     table, _ = engine
-    install("deferred")
-    runner = harness.make_runner(engine[1], fake.default)
-    runner.attn_backend.fail_next_replay = True
-    with pytest.raises(RuntimeError, match="prepare_for_replay failed before the launch"):
-        step(runner, engine, fake, 2, seed=21)
+    runner = raised_before_launch(install, fake, engine, bs=2, seed=21)
     stale = vars(table)["host_fill_batch"].staged
     assert stale is not None and stale.bs == 2 and not stale.ran
     batch, _ = harness.make_batch(1, seed=22)

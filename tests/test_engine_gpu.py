@@ -10,15 +10,13 @@ package installed (``pip install .``) for its ``.pth`` bootstrap to run there.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from freetoken_graphfix import bootstrap
 from freetoken_graphfix.bench import common, engine, engine_report, model, target
+
+from .bench_run import bench_record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]  # a module fixture runs whole engines
 
@@ -88,15 +86,9 @@ def no_wait(tmp_path_factory):
     CLI as a user runs it: two rounds and a traced run per arm."""
     root = tmp_path_factory.mktemp("llama")
     model.write_model(str(root / "llama"), "llama", 4)
-    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine", "--model",
-                          str(root / "llama"), "--context", "512", "--decode-steps", "32", "--rounds", "2",
-                          "--trace-steps", "8", "--replays", "50", "--logs", str(root / "logs"), "--json",
-                          str(root / "engine.json"), "--", *model.ENGINE_FLAGS["llama"].split()],
-                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
-    print("\n" + out.stdout)
-    assert (root / "engine.json").is_file(), out.stderr[-4000:]
-    (record,) = json.loads((root / "engine.json").read_text())
-    return record, out.returncode
+    return bench_record(["--engine", "--model", str(root / "llama"), "--context", "512", "--decode-steps", "32",
+                         "--rounds", "2", "--trace-steps", "8", "--replays", "50", "--",
+                         *model.ENGINE_FLAGS["llama"].split()], root)
 
 
 def test_a_model_without_the_wait_gets_no_op_everywhere_and_upstreams_tokens(no_wait):

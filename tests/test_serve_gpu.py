@@ -10,32 +10,21 @@ and the ``serve`` extra; without them the run fails, it never skips.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from freetoken_graphfix import bootstrap
 
+from .bench_run import bench_record
+
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]  # a module fixture runs whole engines
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     assert bootstrap.installed_pth() is not None, "install the package (pip install '.[serve]') for its .pth"
-    logs = tmp_path_factory.mktemp("serve")
-    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--serve", "--layers", "320",
-                          "--decode-steps", "16", "--context", "256", "--jobs", "1", "--request-timeout", "30",
-                          "--serve-arms", "upstream", "auto", "skip", "--logs", str(logs),
-                          "--json", str(logs / "serve.json")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
-    print("\n" + out.stdout)
-    assert (logs / "serve.json").is_file(), out.stderr[-4000:]
-    (record,) = json.loads((logs / "serve.json").read_text())
-    return record, out.returncode
+    return bench_record(["--serve", "--layers", "320", "--decode-steps", "16", "--context", "256", "--jobs", "1",
+                         "--request-timeout", "30", "--serve-arms", "upstream", "auto", "skip"],
+                        tmp_path_factory.mktemp("serve"))
 
 
 def test_skip_hangs_and_is_stopped_cleanly(served):

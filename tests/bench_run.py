@@ -1,0 +1,22 @@
+"""``python -m freetoken_graphfix bench ...`` run as a user runs it, for the GPU tests: its one
+record (``--json``) and its exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_record(args: list[str], folder: Path, env: dict[str, str] | None = None) -> tuple[dict, int]:
+    """Run ``bench`` with ``args`` (logs and the record kept in ``folder``); its stdout is printed."""
+    record = folder / "record.json"
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", *args, "--logs", str(folder / "logs"),
+                          "--json", str(record)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    print("\n" + out.stdout)
+    assert record.is_file(), out.stderr[-4000:]
+    (rec,) = json.loads(record.read_text())
+    return rec, out.returncode
