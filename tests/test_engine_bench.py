@@ -4,7 +4,6 @@ test_engine_gpu."""
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
@@ -208,11 +207,12 @@ def test_gpu_time_is_compared_with_the_never_uploaded_arm_round_by_round():
     assert "n/a (needs 2 rounds)" in engine_report.render(one)
 
 
-def test_bad_engine_options_are_named(tmp_path):
-    from freetoken_graphfix.bench import common
+def test_bad_engine_options_are_named(tmp_path, capsys):
+    from freetoken_graphfix.bench import cli
 
-    opts = argparse.Namespace(layers=[48, 2], logs=str(tmp_path), target=None, context=64, decode_steps=8)
-    assert common.run_cases(opts, "engine", None, None, None) == 1
+    assert cli.main(["--engine", "--layers", "48", "2", "--logs", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip().endswith("--layers: layers=2: need at least 4 (a QSA layer is every 4th, "
+                                                    "the PLE layer is 1)")
     assert list(tmp_path.iterdir()) == []  # refused before anything ran
     out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine", "--rounds", "0"],
                          capture_output=True, text=True)

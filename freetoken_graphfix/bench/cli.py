@@ -9,7 +9,7 @@ import json
 import shlex
 import sys
 
-from . import engine, serve
+from . import engine, model, serve
 from .common import ERR, OK, cases, check_writable, environment, non_negative, positive, run_cases, seconds, write_json
 from .deadlock import deadlock_matrix, probe
 from .replay import STRATEGIES, gaps_child, run_arms
@@ -17,7 +17,7 @@ from .report import markdown, plot, render
 from .startup import startup
 from .workload import DEFAULT_CONTEXT, DEFAULT_STEPS
 
-FAMILIES = ("qwen4_exp", "llama", "qwen3", "qwen3_moe")  # what --write-model writes (bench.model)
+FAMILIES = (model.SYNTHETIC, *model.FAMILIES)  # what --write-model writes
 
 EPILOG = """\
 FreeToken's own ft serve options go after --, for --engine and --serve with --model, e.g.:
@@ -98,7 +98,7 @@ def split_freetoken_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     """Resolve ``--model`` and the workload for ``--engine``/``--serve``; why not, in one line."""
-    from .target import TargetError, from_model, synthetic
+    from .target import TargetError, from_model
     from .workload import check, read_text
 
     if ft_args and not opts.model:
@@ -106,14 +106,14 @@ def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     try:
         read_text(opts.prompt_file)
         opts.target = from_model(opts.model, ft_args) if opts.model else None
-        check(opts.context, opts.decode_steps, (opts.target or synthetic(0, 0)).max_positions)
+        check(opts.context, opts.decode_steps, opts.target.max_positions if opts.target else None)
     except (TargetError, ValueError) as exc:
         return str(exc)
     if opts.model and opts.layers:
         return "--layers sizes the synthetic model; with --model it has no meaning"
     opts.layers = opts.layers or [48]
     try:
-        cases(opts)
+        opts.cases = cases(opts)
     except ValueError as exc:
         return f"--layers: {exc}"
     return None
@@ -136,10 +136,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
         print(text)
         return OK
     if opts.write_model:
-        from .model import write_model
-
         try:
-            print(write_model(opts.write_model, opts.family, opts.layers[0] if opts.layers else None))
+            print(model.write_model(opts.write_model, opts.family, opts.layers[0] if opts.layers else None))
         except ValueError as exc:
             ap.error(str(exc))
         return OK

@@ -109,8 +109,8 @@ def check_writable(path: str | None, option: str) -> None:
 
 @dataclass(frozen=True)
 class Case:
-    """One model a real-engine bench runs: the target, the synthetic model's size (``None`` for
-    ``--model``) and the workload's prompts."""
+    """One model a real-engine bench runs: the target and the synthetic model's size (``None`` for
+    ``--model``)."""
 
     target: Target
     layers: int | None
@@ -152,16 +152,12 @@ def cases(opts: argparse.Namespace) -> list[Case]:
 def run_cases(opts: argparse.Namespace, name: str, record: Callable[[Case, argparse.Namespace, str], dict],
               render: Callable[[dict], str], failed: Callable[[dict], bool],
               markdown: Callable[[list[dict]], str] | None = None) -> int:
-    """``bench --engine`` and ``--serve``: refuse bad input before anything runs, then one record per
-    case with its processes' logs kept, ``--json``, ``--markdown``, the tables; exit 1 when one failed."""
-    try:
-        todo = cases(opts)
-    except ValueError as exc:
-        print(f"bench --{name}: {exc}", file=sys.stderr)
-        return ERR
+    """``bench --engine`` and ``--serve`` over ``opts.cases`` (the CLI refused bad input before): one
+    record per case with its processes' logs kept, ``--json``, ``--markdown``, the tables; exit 1 when
+    one failed."""
     log_dir = opts.logs or tempfile.mkdtemp(prefix=f"graphfix-{name}-")
     os.makedirs(log_dir, exist_ok=True)
-    records = [record(case, opts, log_dir) for case in todo]
+    records = [record(case, opts, log_dir) for case in opts.cases]
     write_json(opts.json, records)
     if opts.markdown and markdown is not None:
         with open(opts.markdown, "w") as fh:

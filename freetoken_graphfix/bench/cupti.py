@@ -14,6 +14,7 @@ graphs captured earlier go untraced).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -90,6 +91,7 @@ def decode_timeline(trace_file: str, launch_bs: list[int]) -> dict[str, Any]:
         return {"note": f"{len(launches)} graph launches in the trace for the {len(launch_bs)} the engine made: "
                         "not reported"}
     starts = [float(ks[0]["ts"]) for ks in launches]
+    times = [float(e["ts"]) for e in kernels]  # sorted: a step's kernels are one slice of them
     per_bs: dict[str, dict[str, list[Any]]] = {}
     seen: set[int] = set()
     for i, (bs, launch) in enumerate(zip(launch_bs, launches, strict=True)):
@@ -99,7 +101,7 @@ def decode_timeline(trace_file: str, launch_bs: list[int]) -> dict[str, Any]:
         rec = per_bs.setdefault(str(bs), {"launches": [], "steps": []})
         rec["launches"].append(launch)
         if i + 1 < len(launches) and launch_bs[i + 1] == bs:
-            rec["steps"].append([e for e in kernels if starts[i] <= float(e["ts"]) < starts[i + 1]])
+            rec["steps"].append(kernels[bisect.bisect_left(times, starts[i]):bisect.bisect_left(times, starts[i + 1])])
     out: dict[str, Any] = {"note": f"{len(kernels)} kernel records, {len(launches)} graph launches"}
     for bs, rec in sorted(per_bs.items(), key=lambda kv: -int(kv[0])):
         gaps = pooled_gaps(rec["launches"])

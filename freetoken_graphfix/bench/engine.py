@@ -216,7 +216,7 @@ def timeline_of(res: dict[str, Any], path: str) -> dict[str, Any]:
 def one_line(r: dict[str, Any]) -> str:
     if "error" in r:
         return "ERROR " + r["error"]
-    if "note" in r or "launch_bs" in r:
+    if "launch_bs" in r:
         return f"traced {len(r.get('launch_bs', []))} graph launches"
     replay = {bs: round(statistics.median(v), 4) for bs, v in r.get("replay_gpu_ms", {}).items() if v}
     return (f"fires {len(r['fires'])}, first launch {fmt_ms(r['first_launch_ms'])} ms, replay GPU median {replay} ms, "
@@ -280,13 +280,12 @@ def summarise(runs: dict[str, list[dict[str, Any]]], traced: dict[str, dict[str,
             "step_rounds": step,
             "graph_rounds": by_bs(good, "graph_gpu_ms"),
             "replay_rounds": by_bs(good, "replay_gpu_ms"),
-            "tok_s": {bs: 1e3 * int(bs) / statistics.median([x for x in v if x]) for bs, v in step.items()
-                      if any(v)},
             "timeline": traced.get(arm, {}),
         }
     base_arm = next((a for a in (*NEVER_UPLOADED, "upstream") if a in out and
                      (not out[a]["protected"] or a in NEVER_UPLOADED)), None)
     for rec in out.values():
+        rec["tok_s"] = {bs: 1e3 * int(bs) / q["median"] for bs, q in rec["step_gpu_ms"].items() if q["n"]}
         rec["base"] = base_arm
         for key in ("step", "graph", "replay"):
             rec[f"{key}_vs_never_uploaded"] = ratios(rec[f"{key}_rounds"], out[base_arm][f"{key}_rounds"]) \
