@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from freetoken_graphfix import config
-from freetoken_graphfix.bench import engine, engine_report, model
+from freetoken_graphfix.bench import engine, engine_report, model, stats
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +205,19 @@ def test_gpu_time_is_compared_with_the_never_uploaded_arm_round_by_round():
     one = record(upstream=result(), skip=result(shim=shim("skip", "exposed")),
                  auto=result(shim=shim("auto", "deferred")))
     assert "n/a (needs 2 rounds)" in engine_report.render(one)
+    two = record(upstream=[timed(3.3, 1.5)] * 2, skip=[dict(r, shim=shim("skip", "exposed")) for r in never[:2]],
+                 auto=auto[:2])  # +3.0% with a 2-SE band of 1.9%: from two rounds, 12.7 SE is the 95% interval
+    assert ("auto vs never uploaded (skip), GPU time of the graph replayed from an idle GPU: bs 2 +3.00% ± 1.94%, "
+            "bs 1 +0.00% ± 0.00%: no cost this run can resolve (95% interval wider") in engine_report.render(two)
+    faster = [timed(3.3, 1.35), timed(3.6, 1.44), timed(3.3, 1.35)]  # an uploaded graph that replays faster
+    quick = record(upstream=faster, skip=[dict(r, shim=shim("skip", "exposed")) for r in never], auto=auto)
+    assert "upstream vs never uploaded (skip), GPU time of the graph replayed from an idle GPU: bs 2 -10.00% ± " \
+        "0.00%, bs 1 +0.00% ± 0.00%: FASTER on this GPU" in engine_report.render(quick)
+
+
+def test_the_95_percent_multiplier_follows_the_rounds():
+    assert math.isnan(stats.t975(1)) and stats.t975(2) == 12.706 and stats.t975(3) == 4.303
+    assert stats.t975(11) == 2.228 and abs(stats.t975(21) - 2.086) < 0.01 and abs(stats.t975(61) - 2.000) < 0.01
 
 
 def test_bad_engine_options_are_named(tmp_path, capsys):

@@ -121,6 +121,8 @@ def test_verdicts():
     assert all(p == [] for p in good["problems"].values())
     text = serve.render(good)
     assert "safety: every protected arm answered every request" in text and "pair same" in text
+    assert "every negative control hung" in text
+    assert "every negative control" not in serve.render(record(arm("upstream"), arm("auto")))  # none ran
     bad = record(arm("upstream"), arm("auto", single="xyz"), arm("warm", passes=1), arm("skip"),
                  arm("deferred", outlived=[4242]))
     assert bad["problems"]["auto"] == ["the single request's text differs from upstream's"]
@@ -140,6 +142,32 @@ def test_pair_is_compared_with_itself():
     assert serve.pair_stable(rec) is True
     rec["requests"][-1]["text"] = "other"
     assert serve.pair_stable(rec) is False
+
+
+def set_text(rec, phase, round_, name, text):
+    for r in rec["requests"]:
+        if (r["phase"], r["round"], r["name"]) == (phase, round_, name):
+            r["text"] = text
+
+
+def test_a_cached_prefix_may_change_the_steady_round_but_not_the_rebuild():
+    """The steady round's prompt is served from the radix cache the first round filled, and may give
+    other greedy tokens on random weights (as the synthetic model did on the H200); the rebuild
+    empties the cache, so each round is held to one text on both sides of it, in every arm."""
+    up, auto = arm("upstream"), arm("auto")
+    for rec in (up, auto):
+        for phase in ("before", "after"):
+            set_text(rec, phase, "steady", "single", "cached")
+            set_text(rec, phase, "steady", "left", "cached pair")
+    assert serve.problems(auto, up) == [] and serve.pair_stable(auto) is True
+    set_text(auto, "after", "steady", "single", "other")
+    assert serve.problems(auto, up) == [
+        "the single request's text changed across the rebuild (same round, before and after)",
+        "the single request's text differs from upstream's"]
+    up2, auto2 = arm("upstream"), arm("auto")
+    for phase in ("before", "after"):
+        set_text(auto2, phase, "steady", "single", "other")
+    assert serve.problems(auto2, up2) == ["the single request's text differs from upstream's"]
 
 
 def test_without_a_wait_skip_must_answer_like_every_arm():

@@ -8,6 +8,7 @@ import statistics
 from typing import Any
 
 from .engine import PATCHED_ARMS, RESOLUTION, failures, fmt_ms
+from .stats import t975
 
 
 def band(pair: list[float] | None, is_base: bool = False) -> str:
@@ -59,25 +60,36 @@ def host_bound(summary: dict[str, Any]) -> list[str]:
     return out
 
 
+def paired_rounds(summary: dict[str, Any], arm: str, key: str, bs: str) -> int:
+    """How many rounds gave both ``arm`` and the base arm a figure: the samples of that ratio's band."""
+    base = summary[summary[arm]["base"]][f"{key}_rounds"].get(bs, [])
+    return sum(1 for a, b in zip(summary[arm][f"{key}_rounds"].get(bs, []), base, strict=False) if a and b)
+
+
 def verdict(summary: dict[str, Any]) -> list[str]:
-    """Per compared arm and bs: the ratio to the never-uploaded arm with its band, and what it means."""
+    """Per compared arm and bs: the ratio to the never-uploaded arm with its band (2 SE), and what it
+    means, judged on the 95% interval of a standard error from that few rounds (Student's t: 4.3 SE
+    at three rounds). Two never-uploaded arms came out 1.0% apart with a 2-SE band of 0.8% over three
+    rounds on the H200: 2 SE from a handful of processes is not a 95% interval."""
     lines = []
     for arm in [a for a in ("upstream", "auto", "patched") if a in summary and a != summary[a]["base"]]:
         for key, what in METRICS:
-            parts, costly, wide = [], False, False
+            parts, costly, faster, wide = [], False, False, False
             for bs, pair in summary[arm][f"{key}_vs_never_uploaded"].items():
                 if math.isnan(pair[1]):
                     parts.append(f"bs {bs} n/a")
                     wide = True
                     continue
                 parts.append(f"bs {bs} {100 * (pair[0] - 1):+.2f}% ± {200 * pair[1]:.2f}%")
-                costly |= pair[0] - 1 > 2 * pair[1]
-                wide |= 2 * pair[1] > RESOLUTION
+                half = t975(paired_rounds(summary, arm, key, bs)) * pair[1]
+                costly |= pair[0] - 1 > half
+                faster |= 1 - pair[0] > half
+                wide |= half > RESOLUTION
             if not parts:
                 continue
-            tail = ("COSTS this GPU" if costly else
-                    "no cost this run can resolve (band wider than ±0.5%: more --rounds)" if wide else
-                    "no measurable cost (band within ±0.5%)")
+            tail = ("COSTS this GPU" if costly else "FASTER on this GPU" if faster else
+                    "no cost this run can resolve (95% interval wider than ±0.5%: more --rounds)" if wide else
+                    "no measurable cost (95% interval within ±0.5%)")
             lines.append(f"{arm} vs never uploaded ({summary[arm]['base']}), {what}: {', '.join(parts)}: {tail}")
     return lines
 
@@ -100,7 +112,7 @@ def render(record: dict[str, Any]) -> str:
     lines.append("GPU ms per decode step (CUDA events around forward_batch, warm graph steps) and tok/s (bs x 1000 / "
                  "ms); graph step: events around GraphRunner.replay in the same steps (its input copies and the "
                  "graph); replay: the graph alone, back to back from an idle GPU after the workload; "
-                 + (f"ratios to {base} ± 2 SE over rounds" if base else
+                 + (f"ratios to {base} ± 2 SE over rounds (verdicts: the 95% interval, Student's t)" if base else
                     "no never-uploaded arm, so no ratios (add --arms pre-697)"))
     lines.append(f"{'arm':14} {'bs':>3} {'step ms':>9} {'tok/s':>8} {'step / never':>17} {'graph ms':>9} "
                  f"{'graph / never':>17} {'replay / never':>17}")

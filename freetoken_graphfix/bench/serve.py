@@ -227,10 +227,9 @@ def problems(rec: dict[str, Any], reference: dict[str, Any] | None, wait_case: b
         out.append(f"{len(answered)} of {REQUESTS} requests answered")
     if rec.get("rebuild", {}).get("status") != "ok":
         out.append(f"rebuild: {rec.get('rebuild')}")
-    singles = {r["text"] == _single(rec) for r in rec["requests"] if r["name"] == SINGLE}
-    if singles != {True}:
-        out.append("the single request's text changed between its runs")
-    if reference is not None and arm != reference["arm"] and _single(rec) != _single(reference):
+    if any(len(texts) != 1 for texts in singles(rec).values()):
+        out.append("the single request's text changed across the rebuild (same round, before and after)")
+    if reference is not None and arm != reference["arm"] and singles(rec) != singles(reference):
         out.append("the single request's text differs from upstream's")
     if arm in SHIM_ARMS:
         pids = {pid for pid, line in rec["passes"]}
@@ -239,17 +238,29 @@ def problems(rec: dict[str, Any], reference: dict[str, Any] | None, wait_case: b
     return out
 
 
-def _single(rec: dict[str, Any]) -> str | None:
-    return next((r["text"] for r in rec["requests"] if r["name"] == SINGLE), None)
+def singles(rec: dict[str, Any]) -> dict[str, set[str]]:
+    """The single request's texts per round. Rounds differ legitimately: the steady round's prompt is
+    served from FreeToken's radix cache (the first round put it there), so its prefill runs other
+    kernels, and on dummy or synthetic weights the greedy text can follow. The rebuild empties the
+    cache, so each round must give one text before and after it."""
+    out: dict[str, set[str]] = {}
+    for r in rec["requests"]:
+        if r["name"] == SINGLE:
+            out.setdefault(r["round"], set()).add(r["text"])
+    return out
 
 
 def pair_stable(rec: dict[str, Any]) -> bool | None:
-    """Whether the concurrent pair produced the same text in all four of its runs (before and after
-    the rebuild). Not a failure: how two concurrent requests are batched depends on arrival."""
-    runs = [tuple(r["text"] for r in rec["requests"] if r["bs"] == 2 and r["phase"] == p and r["round"] == q)
-            for p in ("before", "after") for q in ("first", "steady")]
-    runs = [r for r in runs if len(r) == 2]
-    return None if len(runs) < 2 else len(set(runs)) == 1
+    """Whether the concurrent pair produced the same texts in each round before and after the
+    rebuild (``None``: no round ran on both sides). Not a failure: how two concurrent requests are
+    batched depends on arrival."""
+    compared = []
+    for q in ("first", "steady"):
+        runs = [tuple(r["text"] for r in rec["requests"] if r["bs"] == 2 and r["phase"] == p and r["round"] == q)
+                for p in ("before", "after")]
+        if all(len(texts) == 2 for texts in runs):
+            compared.append(runs[0] == runs[1])
+    return all(compared) if compared else None
 
 
 def latency(rec: dict[str, Any], phase: str, round_: str, bs: int) -> dict[str, float]:
@@ -294,10 +305,11 @@ def render(record: dict[str, Any]) -> str:
             f"{'-' if stable is None else 'yes' if stable else 'no':>9} {rec['stopped_by'].split()[0]:>8} "
             f"{len(rec['passes']):>6}")
         lines += [f"{'':15}! {p}" for p in record["problems"][arm]]
-    lines.append("text: single requests compared across arms (nothing to batch with, so deterministic); the pair "
-                 "against itself before and after the rebuild ('pair same', informational: batching follows arrival)")
+    lines.append("text: the single request per round (nothing to batch with, so deterministic; the steady round's "
+                 "prompt hits the prefix cache) across arms and across the rebuild; the pair against itself before "
+                 "and after the rebuild ('pair same', informational: batching follows arrival)")
     bad = {arm: p for arm, p in record["problems"].items() if p}
-    controls = "; every negative control hung" if record["wait_case"] else ""
+    controls = "; every negative control hung" if record["wait_case"] and any(a in NEGATIVE for a in runs) else ""
     lines.append("safety: " + ("every protected arm answered every request before and after the rebuild, upstream's "
                                f"text, nothing left running{controls}" if not bad else
                                "FAILED: " + "; ".join(f"{a}: {', '.join(p)}" for a, p in bad.items())))
