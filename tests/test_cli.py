@@ -29,7 +29,15 @@ def test_the_program_is_named_as_invoked():
     assert run_cli("--help").stdout.startswith("usage: python -m freetoken_graphfix [-h]")
     bench = subprocess.run([script, "bench", "--help"], env=child_env(None), capture_output=True, text=True,
                            timeout=60)
-    assert bench.stdout.startswith("usage: freetoken-graphfix bench [-h]")
+    assert bench.stdout.startswith("usage: freetoken-graphfix bench [options]")
+
+
+def test_a_bench_error_is_two_lines_not_every_option():
+    out = run_cli("bench", "--context", "0")
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        "usage: python -m freetoken_graphfix bench [options] [-- FreeToken's ft serve options] (-h: all)",
+        "python -m freetoken_graphfix bench: error: argument --context: '0': accepted values are whole numbers of 1 "
+        "or more"]
 
 
 @pytest.mark.parametrize("args, own", [

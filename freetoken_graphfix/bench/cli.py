@@ -27,7 +27,9 @@ FreeToken's own ft serve options go after --, for --engine and --serve with --mo
 
 
 def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.replace("``", "'"), epilog=EPILOG,
+    # a short usage: argparse's own lists every option, twenty lines above a one-line error
+    ap = argparse.ArgumentParser(prog=prog, usage="%(prog)s [options] [-- FreeToken's ft serve options] (-h: all)",
+                                 description=__doc__.replace("``", "'"), epilog=EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     rig = ap.add_argument_group("the rig (default): a decode-like graph behind a real PLE table's WAIT")
     rig.add_argument("--kernels", type=positive, default=1090, help="small kernels per graph (default 1090)")
