@@ -44,7 +44,7 @@ ARMS = ("upstream", "pre-697", GATE, *SHIM_ARMS, *PATCHED_ARMS)
 DEFAULT_ARMS = ("upstream", "pre-697", "auto")
 PROTECTED = ("auto", "upload", "warm", "deferred", "patched", GATE)  # never block, same tokens
 NEVER_UPLOADED = ("pre-697", "skip")  # unprotected and never uploaded: the negative control
-RESOLUTION = 0.005  # the band (2 SE) a ratio needs to resolve #775's 1-2%
+RESOLUTION = 0.005  # the 95% interval's half-width a ratio needs to resolve #775's 1-2%
 
 
 def arm_env(arm: str, patched: str | None = None) -> dict[str, str]:

@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 from .engine import PATCHED_ARMS, RESOLUTION, failures, fmt_ms
-from .stats import t975
+from .stats import paired, t975
 
 
 def band(pair: list[float] | None, is_base: bool = False) -> str:
@@ -46,6 +46,12 @@ METRICS = (("graph", "GPU time of the graph step in the decode loop"), ("step", 
            ("replay", "GPU time of the graph replayed from an idle GPU"))
 
 
+def graph_ms(s: dict[str, Any], bs: str) -> float:
+    """An arm's graph step in the decode loop at ``bs``: the median of its rounds' medians (nan: none)."""
+    rounds = [x for x in s["graph_rounds"].get(bs, []) if x]
+    return statistics.median(rounds) if rounds else math.nan
+
+
 def host_bound(summary: dict[str, Any]) -> list[str]:
     """Where the graph step takes much less GPU time than the decode step around it, the GPU waits for
     the host between graphs: there the step's GPU time and tok/s follow the host (the scheduler), and
@@ -53,9 +59,9 @@ def host_bound(summary: dict[str, Any]) -> list[str]:
     out = []
     for arm, s in summary.items():
         for bs, q in s["step_gpu_ms"].items():
-            graph = [x for x in s["graph_rounds"].get(bs, []) if x]
-            if graph and q.get("median") and statistics.median(graph) < 0.9 * q["median"]:
-                out.append(f"{arm} bs {bs}: the graph step takes {100 * statistics.median(graph) / q['median']:.0f}% "
+            graph = graph_ms(s, bs)
+            if q.get("median") and graph < 0.9 * q["median"]:
+                out.append(f"{arm} bs {bs}: the graph step takes {100 * graph / q['median']:.0f}% "
                            "of the decode step's GPU time (host-bound: the step's GPU time and tok/s follow the host)")
     return out
 
@@ -63,7 +69,7 @@ def host_bound(summary: dict[str, Any]) -> list[str]:
 def paired_rounds(summary: dict[str, Any], arm: str, key: str, bs: str) -> int:
     """How many rounds gave both ``arm`` and the base arm a figure: the samples of that ratio's band."""
     base = summary[summary[arm]["base"]][f"{key}_rounds"].get(bs, [])
-    return sum(1 for a, b in zip(summary[arm][f"{key}_rounds"].get(bs, []), base, strict=False) if a and b)
+    return len(paired(summary[arm][f"{key}_rounds"].get(bs, []), base))
 
 
 def verdict(summary: dict[str, Any]) -> list[str]:
@@ -118,10 +124,9 @@ def render(record: dict[str, Any]) -> str:
                  f"{'graph / never':>17} {'replay / never':>17}")
     for arm, s in summary.items():
         for bs, q in s["step_gpu_ms"].items():
-            graph = [x for x in s["graph_rounds"].get(bs, []) if x]
             lines.append(f"{arm:14} {bs:>3} {q.get('median', math.nan):9.4f} {s['tok_s'].get(bs, math.nan):8.1f} "
                          f"{band(s['step_vs_never_uploaded'].get(bs), arm == base):>17} "
-                         f"{statistics.median(graph) if graph else math.nan:9.4f} "
+                         f"{graph_ms(s, bs):9.4f} "
                          f"{band(s['graph_vs_never_uploaded'].get(bs), arm == base):>17} "
                          f"{band(s['replay_vs_never_uploaded'].get(bs), arm == base):>17}")
     lines += timeline_lines(summary)

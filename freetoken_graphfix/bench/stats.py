@@ -168,12 +168,17 @@ def verdict(table: list[dict[str, Any]]) -> str:
     return f"verdict: upload vs never uploaded (skip) replay: {parts} (± 2 standard errors over instances): {tail}"
 
 
+def paired(arm: list[float | None], base: list[float | None]) -> list[tuple[float, float]]:
+    """The rounds where both arms have a figure, as (arm, base): the samples of a paired ratio."""
+    return [(a, b) for a, b in zip(arm, base, strict=False) if a and b]
+
+
 def paired_ratio(arm: list[float | None], base: list[float | None]) -> tuple[float, float]:
     """``arm / base`` over rounds of separate processes, each round paired with itself (the arms of a
     round run back to back in rotated order, so drift between rounds cancels): the geometric mean of
     the per-round ratios and its relative standard error over rounds. ``(nan, nan)`` with fewer than
     two rounds where both arms have a figure: a band needs at least two."""
-    logs = [math.log(a / b) for a, b in zip(arm, base, strict=False) if a and b]
+    logs = [math.log(a / b) for a, b in paired(arm, base)]
     if len(logs) < 2:
         return math.nan, math.nan
     return math.exp(statistics.fmean(logs)), statistics.stdev(logs) / math.sqrt(len(logs))
