@@ -152,6 +152,15 @@ def test_a_failed_replace_puts_back_what_it_replaced(target, monkeypatch):
     assert not (tree / "tests").exists()  # nor the folders made for the series' new test files
 
 
+def unprivileged(*args: str) -> subprocess.CompletedProcess:
+    """``patch ARGS`` as a user whom file permissions bind (as root: without CAP_DAC_OVERRIDE)."""
+    cmd = [sys.executable, "-m", "freetoken_graphfix", "patch", *args]
+    if os.geteuid() == 0:
+        assert shutil.which("setpriv"), "setpriv is needed to drop root's file capabilities here"
+        cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
 def test_unwritable_folder_changes_nothing(freetoken_tree, tmp_path):
     """A real permission failure, as a user without write access to one folder meets it (as root:
     without CAP_DAC_OVERRIDE): one line, no traceback, nothing written anywhere."""
@@ -160,11 +169,7 @@ def test_unwritable_folder_changes_nothing(freetoken_tree, tmp_path):
     original = digest(co)
     locked.chmod(0o555)
     try:
-        cmd = [sys.executable, "-m", "freetoken_graphfix", "patch", "apply", "--repo", str(co)]
-        if os.geteuid() == 0:
-            assert shutil.which("setpriv"), "setpriv is needed to drop root's file capabilities here"
-            cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *cmd]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        out = unprivileged("apply", "--repo", str(co))
     finally:
         locked.chmod(0o755)
     assert out.returncode == 1, out
@@ -446,10 +451,7 @@ def test_an_unreadable_target_file_is_named(freetoken_tree, tmp_path):
     locked = co / "python/freetoken/models/qwen4_exp/ple_disk.py"
     locked.chmod(0o000)
     try:
-        cmd = [sys.executable, "-m", "freetoken_graphfix", "patch", "check", "--repo", str(co)]
-        if os.geteuid() == 0:
-            cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *cmd]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        out = unprivileged("check", "--repo", str(co))
     finally:
         locked.chmod(0o644)
     assert out.returncode == 1 and "Traceback" not in out.stderr
