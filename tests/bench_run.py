@@ -11,11 +11,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def bench_command(args: list[str], folder: Path) -> list[str]:
+    """``bench`` with ``args``, its logs and record in ``folder``: those options go before a ``--``, since
+    everything after it is FreeToken's."""
+    cut = args.index("--") if "--" in args else len(args)
+    return [sys.executable, "-m", "freetoken_graphfix", "bench", *args[:cut], "--logs", str(folder / "logs"),
+            "--json", str(folder / "record.json"), *args[cut:]]
+
+
 def bench_record(args: list[str], folder: Path, env: dict[str, str] | None = None) -> tuple[dict, int]:
     """Run ``bench`` with ``args`` (logs and the record kept in ``folder``); its stdout is printed."""
     record = folder / "record.json"
-    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", *args, "--logs", str(folder / "logs"),
-                          "--json", str(record)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    out = subprocess.run(bench_command(args, folder), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     print("\n" + out.stdout)
     assert record.is_file(), out.stderr[-4000:]
     (rec,) = json.loads(record.read_text())

@@ -251,3 +251,32 @@ def test_a_host_bound_decode_step_is_named():
     flagged = engine_report.host_bound(rec["summary"])
     assert flagged == [f"upstream bs {bs}: the graph step takes 77% of the decode step's GPU time (host-bound: the "
                        "step's GPU time and tok/s follow the host)" for bs in ("2", "1")]
+
+
+def test_an_engine_that_failed_shows_its_exception_not_freetokens_log(tmp_path, monkeypatch):
+    """FreeToken logs to stdout, which goes into the arm's log after stderr: the error line must come
+    from stderr's end (the traceback), not from FreeToken's last INFO lines."""
+    child = tmp_path / "child.py"
+    child.write_text("import sys\nprint('INFO Start capturing CUDA graphs')\n"
+                     "raise RuntimeError('instantiate() needs keep_graph')\n")
+    monkeypatch.setattr(engine, "CHILD", child)
+    import argparse
+
+    res = engine.run_arm("upstream", {}, argparse.Namespace(hang_timeout=30.0), str(tmp_path), "x")
+    assert res["error"].startswith("engine process exited 1: ") and res["error"].endswith(
+        "RuntimeError: instantiate() needs keep_graph"), res["error"]
+    assert "INFO Start capturing" in (tmp_path / "x.log").read_text()  # FreeToken's log is kept, after it
+    failed = record(upstream=res, **{"pre-697": dict(res, arm="pre-697")})
+    assert not [f for f in engine.failures(failed) if "gate" in f]  # no run, so nothing says 0.1.3
+
+
+def test_the_gpu_tests_put_benchs_options_before_freetokens(tmp_path):
+    from freetoken_graphfix.bench import cli
+
+    from .bench_run import bench_command
+
+    cmd = bench_command(["--engine", "--model", "m", "--", "--dummy-weight"], tmp_path)
+    ours, theirs = cli.split_freetoken_args(cmd[4:])
+    assert theirs == ["--dummy-weight"]
+    opts = cli.parser().parse_args(ours)
+    assert (opts.logs, opts.json) == (str(tmp_path / "logs"), str(tmp_path / "record.json"))

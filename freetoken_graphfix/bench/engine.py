@@ -87,11 +87,11 @@ def run_arm(arm: str, spec: dict[str, Any], opts: argparse.Namespace, log_dir: s
         except subprocess.TimeoutExpired as exc:  # the child's own faulthandler exit did not fire
             code, stdout, why = None, "", f"engine process killed after {exc.timeout:.0f} s"
     lines = [ln for ln in stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    with open(log_path, errors="replace") as fh:
+        tail = fh.read().strip().splitlines()[-3:]  # stderr's: where a traceback ends
     with open(log_path, "a") as log:  # FreeToken logs to stdout: keep it with the process's stderr
         log.writelines(ln + "\n" for ln in stdout.splitlines() if not ln.startswith(RESULT_TAG))
     if code != 0 or not lines:
-        with open(log_path, errors="replace") as fh:
-            tail = fh.read().strip().splitlines()[-5:]
         return {"arm": arm, "error": f"{why}: " + " | ".join(tail), "log": log_path}
     result = json.loads(lines[-1][len(RESULT_TAG):])
     result.update(arm=arm, log=log_path)
@@ -245,7 +245,8 @@ def ratios(arm: dict[str, list[float | None]], base: dict[str, list[float | None
 def upstream_protects(runs: dict[str, list[dict[str, Any]]]) -> bool:
     """Whether the FreeToken under test protects its graphs itself (0.2.x's ``_upload_graph``; 0.1.3
     has none, so there upstream is one more negative control and gate's tokens are the reference)."""
-    return any(r.get("freetoken_uploads", True) for rs in runs.values() for r in rs if "error" not in r)
+    good = [r for rs in runs.values() for r in rs if "error" not in r]
+    return not good or any(r.get("freetoken_uploads", True) for r in good)  # no run: nothing says otherwise
 
 
 def summarise(runs: dict[str, list[dict[str, Any]]], traced: dict[str, dict[str, Any]],
