@@ -253,6 +253,66 @@ def test_a_host_bound_decode_step_is_named():
                        "step's GPU time and tok/s follow the host)" for bs in ("2", "1")]
 
 
+def copied(speed, own=1.0, uploaded=1.0, copies=4, **over):
+    """A result whose process replays everything at ``speed`` (ms of a never-uploaded copy), its engine
+    graph ``own`` and its uploaded copies ``uploaded`` times that, at bs 2 and 1."""
+    def times(factor, i=0):
+        return [speed * factor * (1 + 1e-4 * (i - 1.5))] * 5  # copies a hair apart, as on a GPU
+    return result(replay_gpu_ms={"2": times(own, 1.5), "1": times(own, 1.5)},
+                  copies_gpu_ms={bs: {"uploaded": [times(uploaded, i) for i in range(copies)],
+                                      "never": [times(1.0, i) for i in range(copies)]} for bs in ("2", "1")},
+                  **over)
+
+
+def test_copies_in_one_process_divide_the_process_out():
+    """Separate engine processes replay up to ~8% apart on the H200 (the upstream processes all faster,
+    their never-uploaded copies too): the replay ratio across processes carries that; each process's
+    graph over its own never-uploaded copies does not, and auto against pre-697 comes out 1."""
+    auto = shim("auto", "no-op")
+    rec = record(expects_wait=False,
+                 upstream=[copied(0.93), copied(0.94)], **{"pre-697": [copied(1.0), copied(1.02)]},
+                 auto=[copied(1.01, shim=auto), copied(0.99, shim=auto)])
+    s = rec["summary"]
+    assert s["upstream"]["replay_vs_never_uploaded"]["2"][0] == pytest.approx(math.sqrt(0.93 * 0.94 / 1.02))
+    assert s["upstream"]["copies_vs_never_uploaded"]["2"] == pytest.approx([1.0, 0.0], abs=1e-9)
+    assert s["auto"]["copies_vs_never_uploaded"]["1"] == pytest.approx([1.0, 0.0], abs=1e-9)
+    assert s["auto"]["copies_rounds"]["2"] == pytest.approx([1.0, 1.0])
+    text = engine_report.render(rec)
+    assert "auto vs never uploaded (pre-697), the graph replayed from an idle GPU over never-uploaded copies of it " \
+           "in its own process: bs 2 +0.00% ± 0.00%, bs 1 +0.00% ± 0.00%: no cost beyond ±0.5%" in text
+    assert "copies / never" in text and "1.0000 ± 0.0000" in text
+    assert "over never-uploaded copies in its process" in engine_report.markdown([rec])
+
+
+def test_the_upload_itself_is_measured_in_every_process_of_every_arm():
+    auto = shim("auto", "no-op")
+    costly = record(expects_wait=False, upstream=[copied(0.93, own=1.01, uploaded=1.01), copied(1.0, uploaded=1.012)],
+                    **{"pre-697": [copied(1.0, uploaded=1.009), copied(1.05, uploaded=1.011)]},
+                    auto=[copied(1.0, uploaded=1.01, shim=auto), copied(1.0, uploaded=1.008, shim=auto)])
+    ratio, se, processes, copies = costly["upload_copies"]["2"]
+    assert (processes, copies) == (6, 4)
+    assert ratio == pytest.approx((1.01 * 1.012 * 1.009 * 1.011 * 1.01 * 1.008) ** (1 / 6))
+    line = engine_report.copies_lines(costly)[0]
+    assert line.startswith("the upload itself, same graph, same process (4 uploaded and as many never-uploaded "
+                           "copies of each engine graph, 6 processes): bs 2 +1.00% ± 0.11%")
+    assert line.endswith("COSTS this GPU")
+    tiny = record(expects_wait=False, upstream=[copied(1.0, uploaded=1.0003), copied(1.0, uploaded=1.0004)],
+                  **{"pre-697": [copied(1.0, uploaded=1.0003), copied(1.0, uploaded=1.0002)]})
+    assert engine_report.copies_lines(tiny)[0].endswith("no cost beyond ±0.5% (95% interval within it)")
+    none = record(expects_wait=False, upstream=[result()], **{"pre-697": [result()]})
+    assert none["upload_copies"] == {} and "not measured (--copies 0" in engine_report.copies_lines(none)[0]
+
+
+def test_a_verdict_is_judged_on_the_95_percent_interval_and_the_half_percent_band():
+    judged, verdicts = engine_report.judged, engine_report.VERDICTS
+    assert verdicts[judged(1.0003, 0.0001, 6)].startswith("no cost beyond ±0.5%")  # resolved, but no regression
+    assert verdicts[judged(1.006, 0.0005, 6)] == "COSTS this GPU"
+    assert verdicts[judged(0.99, 0.001, 6)] == "FASTER on this GPU"
+    assert verdicts[judged(1.002, 0.0015, 3)].startswith("no cost this run can resolve")  # 4.3 SE: ±0.65%
+    assert verdicts[judged(1.001, 0.0015, 30)].startswith("no cost beyond ±0.5%")  # 2.04 SE: ±0.31%
+    assert verdicts[judged(1.0, math.nan, 1)].startswith("no cost this run can resolve")
+
+
 def test_an_engine_that_failed_shows_its_exception_not_freetokens_log(tmp_path, monkeypatch):
     """FreeToken logs to stdout, which goes into the arm's log after stderr: the error line must come
     from stderr's end (the traceback), not from FreeToken's last INFO lines."""

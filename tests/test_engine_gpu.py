@@ -10,6 +10,7 @@ package installed (``pip install .``) for its ``.pth`` bootstrap to run there.
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import pytest
 
@@ -31,8 +32,8 @@ def engine_record(layers: int, arms: list[str], tmp_path_factory) -> dict:
     assert bootstrap.installed_pth() is not None, (
         "freetoken-graphfix is not installed in this interpreter's site-packages: the engine processes "
         "would never get the shim (pip install . first)")
-    opts = argparse.Namespace(arms=arms, rounds=1, decode_steps=32, context=256, prompt_file=None, replays=100,
-                              trace_steps=0, warmup=True, watchdog=4.0, hang_timeout=300.0)
+    opts = argparse.Namespace(arms=arms, rounds=1, decode_steps=32, context=256, prompt_file=None, replays=50,
+                              copies=2, trace_steps=0, warmup=True, watchdog=4.0, hang_timeout=300.0)
     case = common.Case(target.synthetic(opts.context, opts.decode_steps), layers)
     record = engine.engine_record(case, opts, str(tmp_path_factory.mktemp(f"engine-{layers}")))
     print("\n" + engine_report.render(record))
@@ -78,6 +79,26 @@ def test_small_model_never_blocks_and_auto_costs_nothing(small):
         assert summary[arm]["fires"] == 0 and summary[arm]["same_tokens_as_reference"], arm
     assert summary["auto"]["replay_rounds"]["2"][0] == pytest.approx(summary["pre-697"]["replay_rounds"]["2"][0],
                                                                      rel=0.02)
+
+
+@pytest.mark.parametrize("size", ["small", "no_wait"])
+def test_copies_of_the_engine_graphs_replay_in_every_process(size, request):
+    """Every timed process made fresh executables of each engine graph (kept by torch), uploaded and
+    never uploaded, and replayed them with the WAIT released per launch: none blocked, none failed,
+    and each replays within a few percent of the engine's own graph (the same kernels)."""
+    record = request.getfixturevalue(size)
+    record = record[0] if isinstance(record, tuple) else record
+    for arm, rs in record["runs"].items():
+        for r in rs:
+            assert "copies_error" not in r and "replay_error" not in r, (arm, r.get("copies_error"))
+            for bs, copied in r["copies_gpu_ms"].items():
+                own = statistics.median(r["replay_gpu_ms"][bs])
+                for kind in ("uploaded", "never"):
+                    assert len(copied[kind]) >= 2, (arm, bs, kind)
+                    assert all(len(t) == 50 for t in copied[kind]), (arm, bs, kind)
+                    for times in copied[kind]:
+                        assert statistics.median(times) == pytest.approx(own, rel=0.05), (arm, bs, kind)
+    assert set(record["upload_copies"]) == {str(bs) for bs in record["runs"]["upstream"][0]["graph_bs"]}
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ Run by path (``python _engine_child.py SPEC.json``), never imported, and it impo
 freetoken_graphfix: the shim must reach this process the way it reaches a user's engine, through
 its ``.pth`` bootstrap and ``FT_GRAPH_UPLOAD``. The engine is built from FreeToken's own ``ft serve``
 options (its own parser), as ``ft serve`` would build it. What this adds is instrumentation only:
-timing wrappers on ``_upload_graph`` (0.2.x) and ``GraphRunner._capture_graphs``, a counter on the
+timing wrappers on ``_upload_graph`` (0.2.x) and ``GraphRunner._capture_graphs`` (which, when
+``spec["copies"]``, also keeps each graph's ``cudaGraph_t`` for fresh copies of it), a counter on the
 PLE table's WAIT (``row_store.wait_reset`` in 0.2.x, ``_ple_store.memop_wait_reset`` in 0.1.3), CUDA
 events around ``Engine.forward_batch``, free GPU memory around each graph's first launch, and a
 launch watchdog that releases the PLE flag when a graph launch blocks, so a deadlock is reported
@@ -65,27 +66,87 @@ class LaunchWatchdog:
                 self.release(self.flag)
 
 
-def time_replays(runner, stream, flag, reps: int, release) -> dict[str, list[float]]:
-    """GPU ms of each of the engine's own graphs alone, after the run: bs interleaved, the WAIT
-    released just before each launch. The decode step is host-bound (the scheduler, the fill), so
-    its CUDA-event time mostly measures the host; this measures the graph as uploaded or not."""
+def keeping_graph_class():
+    """``torch.cuda.CUDAGraph`` that also keeps its ``cudaGraph_t``: instantiated at capture end as
+    FreeToken's own graphs are (``keep_graph=False`` instantiates there too), so ``_upload_graph``
+    sees the same executable, and fresh executables of the very same graph can be made afterwards.
+    ``None`` where this torch cannot keep a graph."""
+    import inspect
+
     import torch
 
-    out: dict[str, list[float]] = {str(bs): [] for bs in runner.graph_map}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(stream):
-        for rep in range(reps + 3):  # the first 3 are warm-up
-            for bs, graph in runner.graph_map.items():
+    if "keep_graph" not in inspect.signature(torch.cuda.CUDAGraph.__new__).parameters:
+        return None
+
+    class KeptGraph(torch.cuda.CUDAGraph):
+        def __new__(cls, keep_graph: bool = False):
+            return super().__new__(cls, True)
+
+        def __init__(self, keep_graph: bool = False) -> None:
+            super().__init__(True)  # torch's binding reads keep_graph here, not in __new__
+
+        def capture_end(self) -> None:
+            super().capture_end()
+            self.instantiate()
+
+    return KeptGraph
+
+
+def time_replays(runner, stream, flag, reps: int, copies: int, release) -> tuple[dict, dict]:
+    """GPU ms of each of the engine's own graphs alone, after the run, and of ``copies`` fresh
+    executables of the same graph uploaded at creation (``cuGraphUpload`` then a sync, as 0.2.x's
+    ``_upload_graph``) and as many never uploaded: every executable replayed in rotated order, the
+    WAIT released just before each launch. Copies share the graph's memory and differ only in the
+    upload, so their ratio measures the upload in this process, free of the up to 8% by which
+    separate engine processes differ on the H200. The decode step is host-bound (the scheduler, the fill), so its
+    CUDA-event time mostly measures the host; this measures the graph."""
+    import ctypes
+
+    import torch
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu_stream = ctypes.c_void_p(stream.cuda_stream)
+
+    def check(rc: int, call: str) -> None:
+        if rc:
+            raise RuntimeError(f"{call} returned CUDA error {rc}")
+
+    execs: dict[tuple[int, str, int], int] = {}  # (bs, own/uploaded/never, copy) -> CUgraphExec
+    made: list[int] = []
+    try:
+        for bs, graph in runner.graph_map.items():
+            execs[bs, "own", 0] = graph.raw_cuda_graph_exec()
+            for i in range(copies):
+                for kind in ("uploaded", "never"):
+                    handle = ctypes.c_void_p()
+                    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(handle), ctypes.c_void_p(graph.raw_cuda_graph()),
+                                                         ctypes.c_ulonglong(1)), "cuGraphInstantiateWithFlags")
+                    made.append(handle.value)
+                    if kind == "uploaded":
+                        check(cu.cuGraphUpload(handle, cu_stream), "cuGraphUpload")
+                        stream.synchronize()
+                    execs[bs, kind, i] = handle.value
+        keys = list(execs)
+        times: dict[tuple[int, str, int], list[float]] = {key: [] for key in keys}
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for rep in range(reps + 3):  # the first 3 are warm-up (and every copy's first launch)
+            for key in keys[rep % len(keys):] + keys[:rep % len(keys)]:
                 if flag is not None:
                     flag.zero_()  # exactly one release per launch
                     release(flag)
                 start.record(stream)
-                graph.replay()
+                check(cu.cuGraphLaunch(ctypes.c_void_p(execs[key]), cu_stream), "cuGraphLaunch")
                 end.record(stream)
                 end.synchronize()
                 if rep >= 3:
-                    out[str(bs)].append(start.elapsed_time(end))
-    return out
+                    times[key].append(round(start.elapsed_time(end), 5))
+    finally:
+        for handle in made:
+            cu.cuGraphExecDestroy(ctypes.c_void_p(handle))
+    own = {str(bs): times[bs, "own", 0] for bs in runner.graph_map}
+    copied = {str(bs): {kind: [times[bs, kind, i] for i in range(copies)] for kind in ("uploaded", "never")}
+              for bs in runner.graph_map} if copies else {}
+    return own, copied
 
 
 def carries_series() -> bool:
@@ -170,11 +231,15 @@ def main(spec_path: str) -> None:
             # CUPTI must be initialised before graphs are captured, or their kernels go untraced
             # (PyTorch #75504); here CUDA is up (Engine.__init__ asserts it is not, before).
             _utils._init_for_cuda_graphs()
+        cuda_graph = torch.cuda.CUDAGraph
+        if spec["copies"] and not trace:  # graph.py 204 constructs torch.cuda.CUDAGraph() per bs
+            torch.cuda.CUDAGraph = keeping_graph_class() or cuda_graph
         t0 = time.perf_counter()
         try:
             return capture(self, *args, **kwargs)
         finally:
             capture_ms.append(1e3 * (time.perf_counter() - t0))
+            torch.cuda.CUDAGraph = cuda_graph
 
     runner_cls._capture_graphs = timed_capture
 
@@ -300,8 +365,14 @@ def main(spec_path: str) -> None:
         result["launch_bs"] = [bs for bs, _ in launches]
     else:
         try:
-            replays = time_replays(runner, eng.stream, flag, spec["replays"], release)
-            result["replay_gpu_ms"] = {bs: [round(t, 5) for t in ts] for bs, ts in replays.items()}
+            copies = spec["copies"]
+            try:
+                for graph in runner.graph_map.values():
+                    graph.raw_cuda_graph()  # kept (this torch can keep a graph)?
+            except Exception as exc:
+                copies, result["copies_error"] = 0, f"no copies of the graphs: {exc}"
+            result["replay_gpu_ms"], result["copies_gpu_ms"] = time_replays(
+                runner, eng.stream, flag, spec["replays"], copies, release)
         except Exception as exc:  # report the run's figures even so
             result["replay_error"] = repr(exc)
     faulthandler.cancel_dump_traceback_later()

@@ -12,7 +12,11 @@ FreeToken 0.1.3, which uploads nothing, upstream is itself unprotected and gate'
 reference.
 
 Per round every arm runs once, in rotated order; ratios are per round (paired) with two standard
-errors over rounds. The kernel timeline comes from one more process per arm that initialises CUPTI
+errors over rounds. Separate processes of one build replay up to ~8% apart on the H200, so each
+timed process also replays, after the workload, fresh executables of each of its engine graphs
+(``--copies``: as many uploaded as never uploaded) in rotated order with the engine's own: their
+ratio is the upload itself, and the engine graph over its never-uploaded copies compares arms with
+the process's own speed divided out. The kernel timeline comes from one more process per arm that initialises CUPTI
 before its capture and traces a short run of the same workload; no timed process is ever traced.
 """
 
@@ -31,7 +35,7 @@ from typing import Any
 from .. import config, patching
 from .common import Case, environment, non_negative, positive, progress, rotated, seconds
 from .cupti import decode_timeline
-from .stats import paired_ratio, summary
+from .stats import geometric_mean, instance_medians, paired_ratio, summary
 from .workload import build, load_tokenizer, read_text
 
 CHILD = Path(__file__).with_name("_engine_child.py")
@@ -122,6 +126,8 @@ def arm_problems(arm: str, r: dict[str, Any], wait_case: bool, expects_wait: boo
         out.append(f"decode never ran on a CUDA graph (steps {r['steps']}): nothing was measured")
     if "replay_error" in r:
         out.append(f"timing the graphs' replays failed: {r['replay_error']}")
+    if "copies_error" in r:
+        out.append(r["copies_error"] + " (run with --copies 0)")
     shim = r["shim"]
     if arm in PATCHED_ARMS:
         if not r.get("freetoken_patched"):
@@ -161,7 +167,8 @@ def engine_record(case: Case, opts: argparse.Namespace, log_dir: str) -> dict[st
         prompts = build(load_tokenizer(model_dir), opts.context, read_text(opts.prompt_file))
         spec = {"model_dir": model_dir, "ft_args": list(case.target.ft_args), "decode_steps": opts.decode_steps,
                 "prompts": {p.name: p.ids for p in prompts.values()}, "pair": case.target.max_running >= 2,
-                "replays": opts.replays, "watchdog_s": opts.watchdog, "hang_timeout_s": opts.hang_timeout}
+                "replays": opts.replays, "copies": opts.copies, "watchdog_s": opts.watchdog,
+                "hang_timeout_s": opts.hang_timeout}
         if opts.warmup:  # the patched copy is another path: its JIT kernels may be compiled again
             for arm in ("upstream", *(["patched"] if patched else [])):
                 warm = run_arm(arm, spec, opts, log_dir, f"{name}-warmup-{arm}", patched)
@@ -183,8 +190,8 @@ def engine_record(case: Case, opts: argparse.Namespace, log_dir: str) -> dict[st
     env.pop("freetoken", None)  # reported by the engine processes themselves
     return {"model": case.target.describe(), "label": case.label, "layers": case.layers,
             "ft_args": list(case.target.ft_args), "context": opts.context, "decode_steps": opts.decode_steps,
-            "rounds": opts.rounds, "env": env, "expects_wait": case.target.expects_wait, "runs": runs,
-            "traced": traced, "command": getattr(opts, "command", ""),
+            "rounds": opts.rounds, "env": env, "expects_wait": case.target.expects_wait,
+            "runs": runs, "traced": traced, "command": getattr(opts, "command", ""),
             **judge(runs, traced, case.target.expects_wait)}
 
 
@@ -197,7 +204,42 @@ def judge(runs: dict[str, list[dict[str, Any]]], traced: dict[str, dict[str, Any
         for r in rs:
             if "error" not in r:
                 r["problems"] = arm_problems(arm, r, wait_case, expects_wait)
-    return {"wait_case": wait_case, "summary": summarise(runs, traced, wait_case)}
+    return {"wait_case": wait_case, "summary": summarise(runs, traced, wait_case),
+            "upload_copies": uploaded_copies(runs)}
+
+
+def against_copies(r: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Per bs of one process: its engine graph and its uploaded copies, each over the mean of the
+    never-uploaded copies of that graph (their medians), all replayed in rotated order in that process."""
+    out = {}
+    for bs, copied in r.get("copies_gpu_ms", {}).items():
+        never = statistics.fmean(instance_medians(copied["never"]))
+        out[bs] = (statistics.median(r["replay_gpu_ms"][bs]) / never,
+                   statistics.fmean(instance_medians(copied["uploaded"])) / never)
+    return out
+
+
+def uploaded_copies(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
+    """Per bs, the upload's cost on this GPU and model, measured in every process of every arm alike
+    (copies are made the same way whatever the arm): uploaded copies over never-uploaded ones,
+    geometric mean over processes, its relative SE, the number of processes and of copies of each kind."""
+    per_bs: dict[str, list[float]] = {}
+    copies: dict[str, int] = {}
+    for r in (r for rs in runs.values() for r in rs if "error" not in r):
+        for bs, (_, uploaded) in against_copies(r).items():
+            per_bs.setdefault(bs, []).append(uploaded)
+            copies[bs] = min(copies.get(bs, 1 << 30), len(r["copies_gpu_ms"][bs]["never"]))
+    return {bs: [*geometric_mean(per_bs[bs]), len(per_bs[bs]), copies[bs]]
+            for bs in sorted(per_bs, key=lambda bs: -int(bs))}
+
+
+def own_rounds(runs: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+    """Per bs (largest first), each round's engine graph over the never-uploaded copies of it in its
+    own process: the process's own speed divides out (on the H200, a band of tenths of a percent where
+    separate processes are up to 8% apart)."""
+    per_round = [against_copies(r) for r in runs]
+    sizes = sorted({bs for c in per_round for bs in c}, key=lambda bs: -int(bs))
+    return {bs: [c[bs][0] if bs in c else None for c in per_round] for bs in sizes}
 
 
 def timeline_of(res: dict[str, Any], path: str) -> dict[str, Any]:
@@ -281,6 +323,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]], traced: dict[str, dict[str,
             "step_rounds": step,
             "graph_rounds": by_bs(good, "graph_gpu_ms"),
             "replay_rounds": by_bs(good, "replay_gpu_ms"),
+            "copies_rounds": own_rounds(good),
             "timeline": traced.get(arm, {}),
         }
     base_arm = next((a for a in (*NEVER_UPLOADED, "upstream") if a in out and
@@ -288,7 +331,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]], traced: dict[str, dict[str,
     for rec in out.values():
         rec["tok_s"] = {bs: 1e3 * int(bs) / q["median"] for bs, q in rec["step_gpu_ms"].items() if q["n"]}
         rec["base"] = base_arm
-        for key in ("step", "graph", "replay"):
+        for key in ("step", "graph", "replay", "copies"):
             rec[f"{key}_vs_never_uploaded"] = ratios(rec[f"{key}_rounds"], out[base_arm][f"{key}_rounds"]) \
                 if base_arm else {}
     return out
@@ -320,8 +363,13 @@ def add_arguments(group: Any) -> None:
     group.add_argument("--rounds", type=positive, default=4,
                        help="runs of every arm, each in its own process, in rotated order: the samples of every "
                             "ratio's band (default 4)")
-    group.add_argument("--replays", type=positive, default=200,
-                       help="timed back-to-back replays per engine graph, after the workload (default 200)")
+    group.add_argument("--replays", type=positive, default=50,
+                       help="timed replays of each executable (the engine's graph, each copy) from an idle GPU, "
+                            "after the workload (default 50)")
+    group.add_argument("--copies", type=non_negative, default=4,
+                       help="fresh executables of each engine graph per process, as many uploaded and never "
+                            "uploaded, replayed in rotated order with the engine's own: the upload measured "
+                            "inside one process (0: off; default 4)")
     group.add_argument("--trace-steps", type=non_negative, default=24,
                        help="decode steps per request of the traced run, a process per arm (0: no kernel "
                             "timeline; default 24)")

@@ -42,8 +42,38 @@ def header(record: dict[str, Any]) -> list[str]:
             f"case: {case_line(record)}"]
 
 
-METRICS = (("graph", "GPU time of the graph step in the decode loop"), ("step", "GPU time per decode step"),
+METRICS = (("copies", "the graph replayed from an idle GPU over never-uploaded copies of it in its own process"),
+           ("graph", "GPU time of the graph step in the decode loop"), ("step", "GPU time per decode step"),
            ("replay", "GPU time of the graph replayed from an idle GPU"))
+
+
+VERDICTS = ("COSTS this GPU", "FASTER on this GPU",
+            "no cost this run can resolve (95% interval wider than ±0.5%: more --rounds)",
+            "no cost beyond ±0.5% (95% interval within it)")  # most telling first
+
+
+def judged(ratio: float, se: float, samples: int) -> int:
+    """What a ratio to never-uploaded graphs means (an index into ``VERDICTS``), on its 95% interval
+    from ``samples`` values (Student's t). An interval inside ±0.5% is no cost, even when it excludes
+    1: #775's regression is 1-2%, and a resolved +0.03% is not one. No band resolves nothing."""
+    half = t975(samples) * se
+    if abs(ratio - 1) + half <= RESOLUTION:
+        return 3
+    return 0 if ratio - 1 > half else 1 if 1 - ratio > half else 2
+
+
+def copies_lines(record: dict[str, Any]) -> list[str]:
+    """The upload measured inside each process: its copies of each engine graph, uploaded against never
+    uploaded, over every process of the run (each process one sample)."""
+    copies = record.get("upload_copies", {})
+    if not copies:
+        return ["the upload itself, same graph, same process: not measured (--copies 0, or no run timed its graphs)"]
+    parts = [f"bs {bs} {100 * (r - 1):+.2f}% ± {200 * se:.2f}%" if not math.isnan(se) else f"bs {bs} n/a"
+             for bs, (r, se, _, _) in copies.items()]
+    tail = VERDICTS[min(judged(r, se, n) for r, se, n, _ in copies.values())]
+    _, _, processes, each = next(iter(copies.values()))
+    return [f"the upload itself, same graph, same process ({each} uploaded and as many never-uploaded copies of "
+            f"each engine graph, {processes} processes): {', '.join(parts)}: {tail}"]
 
 
 def graph_ms(s: dict[str, Any], bs: str) -> float:
@@ -80,22 +110,14 @@ def verdict(summary: dict[str, Any]) -> list[str]:
     lines = []
     for arm in [a for a in ("upstream", "auto", "patched") if a in summary and a != summary[a]["base"]]:
         for key, what in METRICS:
-            parts, costly, faster, wide = [], False, False, False
+            parts, tails = [], []
             for bs, pair in summary[arm][f"{key}_vs_never_uploaded"].items():
-                if math.isnan(pair[1]):
-                    parts.append(f"bs {bs} n/a")
-                    wide = True
-                    continue
-                parts.append(f"bs {bs} {100 * (pair[0] - 1):+.2f}% ± {200 * pair[1]:.2f}%")
-                half = t975(paired_rounds(summary, arm, key, bs)) * pair[1]
-                costly |= pair[0] - 1 > half
-                faster |= 1 - pair[0] > half
-                wide |= half > RESOLUTION
+                parts.append(f"bs {bs} n/a" if math.isnan(pair[1]) else
+                             f"bs {bs} {100 * (pair[0] - 1):+.2f}% ± {200 * pair[1]:.2f}%")
+                tails.append(judged(*pair, paired_rounds(summary, arm, key, bs)))
             if not parts:
                 continue
-            tail = ("COSTS this GPU" if costly else "FASTER on this GPU" if faster else
-                    "no cost this run can resolve (95% interval wider than ±0.5%: more --rounds)" if wide else
-                    "no measurable cost (95% interval within ±0.5%)")
+            tail = VERDICTS[min(tails)]
             lines.append(f"{arm} vs never uploaded ({summary[arm]['base']}), {what}: {', '.join(parts)}: {tail}")
     return lines
 
@@ -117,21 +139,22 @@ def render(record: dict[str, Any]) -> str:
     base = next(iter(summary.values()), {}).get("base")
     lines.append("GPU ms per decode step (CUDA events around forward_batch, warm graph steps) and tok/s (bs x 1000 / "
                  "ms); graph step: events around GraphRunner.replay in the same steps (its input copies and the "
-                 "graph); replay: the graph alone, back to back from an idle GPU after the workload; "
+                 "graph); replay: the graph alone from an idle GPU after the workload; copies: the same, over "
+                 "never-uploaded copies of the graph in the same process (the process's own speed divides out); "
                  + (f"ratios to {base} ± 2 SE over rounds (verdicts: the 95% interval, Student's t)" if base else
                     "no never-uploaded arm, so no ratios (add --arms pre-697)"))
     lines.append(f"{'arm':14} {'bs':>3} {'step ms':>9} {'tok/s':>8} {'step / never':>17} {'graph ms':>9} "
-                 f"{'graph / never':>17} {'replay / never':>17}")
+                 f"{'graph / never':>17} {'replay / never':>17} {'copies / never':>17}")
     for arm, s in summary.items():
         for bs, q in s["step_gpu_ms"].items():
             lines.append(f"{arm:14} {bs:>3} {q.get('median', math.nan):9.4f} {s['tok_s'].get(bs, math.nan):8.1f} "
-                         f"{band(s['step_vs_never_uploaded'].get(bs), arm == base):>17} "
-                         f"{graph_ms(s, bs):9.4f} "
-                         f"{band(s['graph_vs_never_uploaded'].get(bs), arm == base):>17} "
-                         f"{band(s['replay_vs_never_uploaded'].get(bs), arm == base):>17}")
+                         f"{band(s['step_vs_never_uploaded'].get(bs), arm == base):>17} {graph_ms(s, bs):9.4f} "
+                         + " ".join(f"{band(s[f'{key}_vs_never_uploaded'].get(bs), arm == base):>17}"
+                                    for key in ("graph", "replay", "copies")))
     lines += timeline_lines(summary)
     lines += host_bound(summary)
     lines += verdict(summary)
+    lines += copies_lines(record)
     controls = [a for a, s in summary.items() if not s["protected"]]
     if controls:
         lines.append("negative control (never uploaded): " + ", ".join(
@@ -181,19 +204,20 @@ def markdown(records: list[dict[str, Any]]) -> str:
                     ("date", env["date"]), ("command", f"`{record['command']}`"))),
                 "", f"Case: {case_line(record)}.", "",
                 "| build | bs | GPU ms per decode step | tok/s | vs never uploaded (± 2 SE) | graph step vs never "
-                "uploaded | graph replayed from idle vs never uploaded |", "|---|---|---|---|---|---|---|"]
+                "uploaded | graph replayed from idle vs never uploaded | the same, over never-uploaded copies in its "
+                "process |", "|---|---|---|---|---|---|---|---|"]
         for arm, s in summary.items():
             for bs, q in s["step_gpu_ms"].items():
                 out.append(f"| {arm} | {bs} | {q.get('median', math.nan):.3f} | {s['tok_s'].get(bs, math.nan):.1f} | "
                            + " | ".join(band(s[f"{key}_vs_never_uploaded"].get(bs), arm == s["base"])
-                                        for key in ("step", "graph", "replay")) + " |")
+                                        for key in ("step", "graph", "replay", "copies")) + " |")
         out.append("")
         out += [f"- {line}" for line in timeline_lines(summary)]
         out += [f"- free GPU memory after capture, {arm}: {s['free_mib_after_capture']:.0f} MiB; taken by the first "
                 f"launch: " + ", ".join(f"bs {bs} {v:.0f} MiB" for bs, v in s["first_launch_mib"].items())
                 for arm, s in summary.items()]
         out += [f"- {line}" for line in host_bound(summary)]
-        out += [f"- **{line}**" for line in verdict(summary)]
+        out += [f"- **{line}**" for line in (*verdict(summary), *copies_lines(record))]
         bad = failures(record)
         out += [f"- safety: {'every protected arm: no blocked launch, the same tokens' if not bad else '; '.join(bad)}",
                 ""]

@@ -178,7 +178,13 @@ def paired_ratio(arm: list[float | None], base: list[float | None]) -> tuple[flo
     round run back to back in rotated order, so drift between rounds cancels): the geometric mean of
     the per-round ratios and its relative standard error over rounds. ``(nan, nan)`` with fewer than
     two rounds where both arms have a figure: a band needs at least two."""
-    logs = [math.log(a / b) for a, b in paired(arm, base)]
+    return geometric_mean([a / b for a, b in paired(arm, base)])
+
+
+def geometric_mean(ratios: list[float]) -> tuple[float, float]:
+    """The geometric mean of ``ratios`` (one per process) and its relative standard error over them;
+    ``(nan, nan)`` with fewer than two."""
+    logs = [math.log(r) for r in ratios]
     if len(logs) < 2:
         return math.nan, math.nan
     return math.exp(statistics.fmean(logs)), statistics.stdev(logs) / math.sqrt(len(logs))
