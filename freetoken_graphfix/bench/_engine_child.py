@@ -98,8 +98,8 @@ def time_replays(runner, stream, flag, reps: int, copies: int, release) -> tuple
     ``_upload_graph``) and as many never uploaded: every executable replayed in rotated order, the
     WAIT released just before each launch. Copies share the graph's memory and differ only in the
     upload, so their ratio measures the upload in this process, free of the up to 8% by which
-    separate engine processes differ on the H200. The decode step is host-bound (the scheduler, the fill), so its
-    CUDA-event time mostly measures the host; this measures the graph."""
+    separate engine processes differ on the H200. The decode step is host-bound (the scheduler, the
+    fill), so its CUDA-event time mostly measures the host; this measures the graph."""
     import ctypes
 
     import torch

@@ -223,13 +223,11 @@ def uploaded_copies(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[flo
     """Per bs, the upload's cost on this GPU and model, measured in every process of every arm alike
     (copies are made the same way whatever the arm): uploaded copies over never-uploaded ones,
     geometric mean over processes, its relative SE, the number of processes and of copies of each kind."""
-    per_bs: dict[str, list[float]] = {}
-    copies: dict[str, int] = {}
+    per_bs: dict[str, list[tuple[float, int]]] = {}  # (uploaded over never, copies of each kind) per process
     for r in (r for rs in runs.values() for r in rs if "error" not in r):
         for bs, (_, uploaded) in against_copies(r).items():
-            per_bs.setdefault(bs, []).append(uploaded)
-            copies[bs] = min(copies.get(bs, 1 << 30), len(r["copies_gpu_ms"][bs]["never"]))
-    return {bs: [*geometric_mean(per_bs[bs]), len(per_bs[bs]), copies[bs]]
+            per_bs.setdefault(bs, []).append((uploaded, len(r["copies_gpu_ms"][bs]["never"])))
+    return {bs: [*geometric_mean([u for u, _ in per_bs[bs]]), len(per_bs[bs]), min(n for _, n in per_bs[bs])]
             for bs in sorted(per_bs, key=lambda bs: -int(bs))}
 
 
