@@ -68,14 +68,14 @@ def engine(tmp_path_factory):
 
 def test_real_engine_unprotected_first_launches_block(engine):
     record, _ = engine
-    upstream = record["summary"]["upstream"]
+    upstream = record["summary"]["arms"]["upstream"]
     assert not upstream["protected"] and upstream["errors"] == [], upstream
     assert upstream["fires"] >= 1 and max(upstream["first_launch_ms"].values()) > 3900, upstream
 
 
 def test_real_engine_auto_never_blocks_and_matches_gate_mode(engine):
     record, code = engine
-    auto = record["summary"]["auto"]
+    auto = record["summary"]["arms"]["auto"]
     assert auto["errors"] == [] and auto["fires"] == 0, auto
     assert auto["reference"] == "gate" and auto["same_tokens_as_reference"], auto
     assert code == 0  # bench's own verdict agrees

@@ -64,8 +64,10 @@ def test_decode_timeline_per_bs(tmp_path):
     path = trace(tmp_path, bs, GRAPH, others=[(50.0, 1.0), (60.0, 1.0)])
     t = cupti.decode_timeline(path, bs)
     assert t["note"] == "30 kernel records, 5 graph launches"
+    gaps = t["2"].pop("gap_quantiles")
     assert t["2"] == {"launches": 1, "graph_kernels": 4, "step_kernels": None, "busy_us": None, "streams": 2,
                       "gap_us": {"s1": {"median": 0.625, "n": 2}}}
+    assert len(gaps["s1"]) == 101 and (gaps["s1"][0], gaps["s1"][50], gaps["s1"][100]) == (0.5, 0.625, 0.75)
     assert t["1"]["launches"] == 2 and t["1"]["step_kernels"] == 6 and t["1"]["busy_us"] == pytest.approx(5.0)
     lost = cupti.decode_timeline(path, bs + [1])
     assert list(lost) == ["note"] and "5 graph launches in the trace for the 6" in lost["note"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 from freetoken_graphfix import config
-from freetoken_graphfix.bench import engine, engine_report, model, stats
+from freetoken_graphfix.bench import arms, engine, engine_report, model, stats
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +56,9 @@ def test_too_few_layers_is_refused(tmp_path):
 
 def test_only_shim_arms_get_the_variable(monkeypatch):
     monkeypatch.setenv(config.ENV_MODE, "auto")  # what import exported in the bench's own process
-    assert config.ENV_MODE not in engine.arm_env("upstream")
-    assert config.ENV_MODE not in engine.arm_env("pre-697")
-    assert engine.arm_env("warm")[config.ENV_MODE] == "warm"
+    assert config.ENV_MODE not in arms.arm_env("upstream")
+    assert config.ENV_MODE not in arms.arm_env("pre-697")
+    assert arms.arm_env("warm")[config.ENV_MODE] == "warm"
 
 
 def test_child_never_imports_the_package():
@@ -105,10 +104,10 @@ def test_a_shim_arm_without_the_shim_is_a_problem():
 def test_the_patched_arm_runs_the_patched_copy(monkeypatch):
     monkeypatch.setenv(config.ENV_MODE, "auto")
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
-    env = engine.arm_env("patched", "/tmp/patched")
+    env = arms.arm_env("patched", "/tmp/patched")
     assert config.ENV_MODE not in env and env["PYTHONPATH"] == os.pathsep.join(["/tmp/patched", "/elsewhere"])
     with pytest.raises(ValueError, match="needs the patched FreeToken"):
-        engine.arm_env("patched")
+        arms.arm_env("patched")
     good = result(freetoken_patched=True)
     assert engine.arm_problems("patched", good, True) == []
     assert "did not run the patched FreeToken" in engine.arm_problems("patched", result(), True)[0]
@@ -146,8 +145,8 @@ def test_verdicts():
 
 def test_gate_arm_runs_freetokens_launch_gating(monkeypatch):
     monkeypatch.setenv("FREETOKEN_PLE_SYNC", "gate")
-    assert engine.arm_env("auto")["FREETOKEN_PLE_SYNC"] == "wait"  # a user's gate would hide the WAIT
-    assert engine.arm_env("gate")["FREETOKEN_PLE_SYNC"] == "gate" and config.ENV_MODE not in engine.arm_env("gate")
+    assert arms.arm_env("auto")["FREETOKEN_PLE_SYNC"] == "wait"  # a user's gate would hide the WAIT
+    assert arms.arm_env("gate")["FREETOKEN_PLE_SYNC"] == "gate" and config.ENV_MODE not in arms.arm_env("gate")
     gate = result(wait_sync=False, captured_waits=0)
     assert engine.arm_problems("gate", gate, True) == []
     assert "did not decode on graphs without a WAIT" in engine.arm_problems("gate", result(), True)[0]
@@ -160,59 +159,20 @@ def test_on_a_freetoken_that_uploads_nothing_upstream_is_a_control_and_gate_the_
     rec = record(upstream=result(fires=[{"step": 2}], token_hash="bbbb", **ft013), gate=gate,
                  auto=result(shim=shim("auto", "deferred"), **ft013))
     assert engine.failures(rec) == []
-    assert not rec["summary"]["upstream"]["protected"] and rec["summary"]["auto"]["reference"] == "gate"
+    assert not rec["summary"]["arms"]["upstream"]["protected"] and rec["summary"]["arms"]["auto"]["reference"] == "gate"
     text = engine_report.render(rec)
     assert "upstream BLOCKED (watchdog fired)" in text and "gate's tokens" in text
     two = record(upstream=[result(**ft013)] * 2, gate=[gate] * 2, auto=[result(shim=shim("auto", "deferred"),
                                                                                 **ft013)] * 2)
-    assert two["summary"]["auto"]["base"] == "upstream"  # never uploaded here: the base of every ratio
-    assert two["summary"]["auto"]["replay_vs_never_uploaded"]["2"] == [1.0, 0.0]
+    assert two["summary"]["base"] == "upstream"  # never uploaded here: the base of every ratio
+    ratio, se, _ = two["summary"]["arms"]["auto"]["cross"]["replay"]["2"]
+    assert (ratio, se) == pytest.approx((1.0, 0.0), abs=1e-9)
     drifted = record(upstream=result(**ft013), gate=gate, auto=result(shim=shim("auto", "deferred"),
                                                                       token_hash="cccc", **ft013))
     assert engine.failures(drifted) == ["auto: tokens ['cccc'] differ from gate's"]
     alone = record(upstream=result(**ft013), auto=result(shim=shim("auto", "deferred"), **ft013))
     assert "no gate arm to compare tokens with" in engine.failures(alone)[0] and "--arms gate" in engine.failures(
         alone)[0]
-
-
-def test_gpu_time_is_compared_with_the_never_uploaded_arm_round_by_round():
-    """Each round's median against the base arm's in the same round (paired): a drift shared by a
-    round cancels, and the band is two standard errors over rounds."""
-    def timed(step2, replay2, **over):
-        return result(step_gpu_ms={"2": [step2] * 3, "1": [3.0, 3.0]}, replay_gpu_ms={"2": [replay2], "1": [1.2]},
-                      graph_gpu_ms={"2": [replay2 * 2] * 5, "1": [2.4]}, **over)
-
-    never = [timed(3.3, 1.5), timed(3.6, 1.6), timed(3.3, 1.5)]  # round 2 runs slow for every arm
-    auto = [timed(3.3 * 1.01, 1.5 * 1.02, shim=shim("auto", "deferred")),
-            timed(3.6 * 1.01, 1.6 * 1.04, shim=shim("auto", "deferred")),
-            timed(3.3 * 1.01, 1.5 * 1.03, shim=shim("auto", "deferred"))]
-    rec = record(upstream=[timed(3.3, 1.5)] * 3, skip=[dict(r, shim=shim("skip", "exposed")) for r in never],
-                 auto=auto)
-    s = rec["summary"]["auto"]
-    assert s["base"] == "skip" and list(s["step_gpu_ms"]) == ["2", "1"]  # largest bs first
-    ratio, se = s["step_vs_never_uploaded"]["2"]
-    assert ratio == pytest.approx(1.01) and se == pytest.approx(0, abs=1e-12)  # the slow round cancels
-    ratio, se = s["replay_vs_never_uploaded"]["2"]
-    assert ratio == pytest.approx((1.02 * 1.04 * 1.03) ** (1 / 3), rel=1e-9)
-    logs = [math.log(x) for x in (1.02, 1.04, 1.03)]
-    assert se == pytest.approx(statistics.stdev(logs) / math.sqrt(3))
-    assert s["tok_s"]["2"] == pytest.approx(2e3 / (3.3 * 1.01))
-    assert s["graph_vs_never_uploaded"]["2"][0] == pytest.approx(ratio)  # its own samples, the same shape
-    text = engine_report.render(rec)
-    assert ("auto vs never uploaded (skip), GPU time of the graph replayed from an idle GPU: bs 2 +3.00% ± 1.12%, "
-            "bs 1 +0.00% ± 0.00%: COSTS this GPU") in text
-    assert "auto vs never uploaded (skip), GPU time of the graph step in the decode loop: bs 2 +3.00% ± 1.12%" in text
-    one = record(upstream=result(), skip=result(shim=shim("skip", "exposed")),
-                 auto=result(shim=shim("auto", "deferred")))
-    assert "n/a (needs 2 rounds)" in engine_report.render(one)
-    two = record(upstream=[timed(3.3, 1.5)] * 2, skip=[dict(r, shim=shim("skip", "exposed")) for r in never[:2]],
-                 auto=auto[:2])  # +3.0% with a 2-SE band of 1.9%: from two rounds, 12.7 SE is the 95% interval
-    assert ("auto vs never uploaded (skip), GPU time of the graph replayed from an idle GPU: bs 2 +3.00% ± 1.94%, "
-            "bs 1 +0.00% ± 0.00%: no cost this run can resolve (95% interval wider") in engine_report.render(two)
-    faster = [timed(3.3, 1.35), timed(3.6, 1.44), timed(3.3, 1.35)]  # an uploaded graph that replays faster
-    quick = record(upstream=faster, skip=[dict(r, shim=shim("skip", "exposed")) for r in never], auto=auto)
-    assert "upstream vs never uploaded (skip), GPU time of the graph replayed from an idle GPU: bs 2 -10.00% ± " \
-        "0.00%, bs 1 +0.00% ± 0.00%: FASTER on this GPU" in engine_report.render(quick)
 
 
 def test_the_95_percent_multiplier_follows_the_rounds():
@@ -238,79 +198,6 @@ def test_engine_needs_a_gpu_here():
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
     assert out.returncode == 1 and "no CUDA device" in out.stderr
-
-
-def test_a_host_bound_decode_step_is_named():
-    """A decode step whose graph takes much less GPU time than the step waits for the host: its tok/s
-    is the host's, and the report says so; a graph that fills the step is not flagged."""
-    def timed(step, graph, **over):
-        return result(step_gpu_ms={"2": [step] * 3, "1": [step]}, graph_gpu_ms={"2": [graph] * 3, "1": [graph]},
-                      **over)
-
-    rec = record(upstream=[timed(1.3, 1.0)] * 2, skip=[timed(24.6, 24.5, shim=shim("skip", "exposed"))] * 2)
-    flagged = engine_report.host_bound(rec["summary"])
-    assert flagged == [f"upstream bs {bs}: the graph step takes 77% of the decode step's GPU time (host-bound: the "
-                       "step's GPU time and tok/s follow the host)" for bs in ("2", "1")]
-
-
-def copied(speed, own=1.0, uploaded=1.0, copies=4, **over):
-    """A result whose process replays everything at ``speed`` (ms of a never-uploaded copy), its engine
-    graph ``own`` and its uploaded copies ``uploaded`` times that, at bs 2 and 1."""
-    def times(factor, i=0):
-        return [speed * factor * (1 + 1e-4 * (i - 1.5))] * 5  # copies a hair apart, as on a GPU
-    return result(replay_gpu_ms={"2": times(own, 1.5), "1": times(own, 1.5)},
-                  copies_gpu_ms={bs: {"uploaded": [times(uploaded, i) for i in range(copies)],
-                                      "never": [times(1.0, i) for i in range(copies)]} for bs in ("2", "1")},
-                  **over)
-
-
-def test_copies_in_one_process_divide_the_process_out():
-    """Separate engine processes replay up to ~8% apart on the H200 (the upstream processes all faster,
-    their never-uploaded copies too): the replay ratio across processes carries that; each process's
-    graph over its own never-uploaded copies does not, and auto against pre-697 comes out 1."""
-    auto = shim("auto", "no-op")
-    rec = record(expects_wait=False,
-                 upstream=[copied(0.93), copied(0.94)], **{"pre-697": [copied(1.0), copied(1.02)]},
-                 auto=[copied(1.01, shim=auto), copied(0.99, shim=auto)])
-    s = rec["summary"]
-    assert s["upstream"]["replay_vs_never_uploaded"]["2"][0] == pytest.approx(math.sqrt(0.93 * 0.94 / 1.02))
-    assert s["upstream"]["copies_vs_never_uploaded"]["2"] == pytest.approx([1.0, 0.0], abs=1e-9)
-    assert s["auto"]["copies_vs_never_uploaded"]["1"] == pytest.approx([1.0, 0.0], abs=1e-9)
-    assert s["auto"]["copies_rounds"]["2"] == pytest.approx([1.0, 1.0])
-    text = engine_report.render(rec)
-    assert "auto vs never uploaded (pre-697), the graph replayed from an idle GPU over never-uploaded copies of it " \
-           "in its own process: bs 2 +0.00% ± 0.00%, bs 1 +0.00% ± 0.00%: no cost beyond ±0.5%" in text
-    assert "copies / never" in text and "1.0000 ± 0.0000" in text
-    assert "over never-uploaded copies in its process" in engine_report.markdown([rec])
-
-
-def test_the_upload_itself_is_measured_in_every_process_of_every_arm():
-    auto = shim("auto", "no-op")
-    costly = record(expects_wait=False, upstream=[copied(0.93, own=1.01, uploaded=1.01), copied(1.0, uploaded=1.012)],
-                    **{"pre-697": [copied(1.0, uploaded=1.009), copied(1.05, uploaded=1.011)]},
-                    auto=[copied(1.0, uploaded=1.01, shim=auto), copied(1.0, uploaded=1.008, shim=auto)])
-    ratio, se, processes, copies = costly["upload_copies"]["2"]
-    assert (processes, copies) == (6, 4)
-    assert ratio == pytest.approx((1.01 * 1.012 * 1.009 * 1.011 * 1.01 * 1.008) ** (1 / 6))
-    line = engine_report.copies_lines(costly)[0]
-    assert line.startswith("the upload itself, same graph, same process (4 uploaded and as many never-uploaded "
-                           "copies of each engine graph, 6 processes): bs 2 +1.00% ± 0.11%")
-    assert line.endswith("COSTS this GPU")
-    tiny = record(expects_wait=False, upstream=[copied(1.0, uploaded=1.0003), copied(1.0, uploaded=1.0004)],
-                  **{"pre-697": [copied(1.0, uploaded=1.0003), copied(1.0, uploaded=1.0002)]})
-    assert engine_report.copies_lines(tiny)[0].endswith("no cost beyond ±0.5% (95% interval within it)")
-    none = record(expects_wait=False, upstream=[result()], **{"pre-697": [result()]})
-    assert none["upload_copies"] == {} and "not measured (--copies 0" in engine_report.copies_lines(none)[0]
-
-
-def test_a_verdict_is_judged_on_the_95_percent_interval_and_the_half_percent_band():
-    judged, verdicts = engine_report.judged, engine_report.VERDICTS
-    assert verdicts[judged(1.0003, 0.0001, 6)].startswith("no cost beyond ±0.5%")  # resolved, but no regression
-    assert verdicts[judged(1.006, 0.0005, 6)] == "COSTS this GPU"
-    assert verdicts[judged(0.99, 0.001, 6)] == "FASTER on this GPU"
-    assert verdicts[judged(1.002, 0.0015, 3)].startswith("no cost this run can resolve")  # 4.3 SE: ±0.65%
-    assert verdicts[judged(1.001, 0.0015, 30)].startswith("no cost beyond ±0.5%")  # 2.04 SE: ±0.31%
-    assert verdicts[judged(1.0, math.nan, 1)].startswith("no cost this run can resolve")
 
 
 def test_an_engine_that_failed_shows_its_exception_not_freetokens_log(tmp_path, monkeypatch):

@@ -33,7 +33,7 @@ def engine_record(layers: int, arms: list[str], tmp_path_factory) -> dict:
         "freetoken-graphfix is not installed in this interpreter's site-packages: the engine processes "
         "would never get the shim (pip install . first)")
     opts = argparse.Namespace(arms=arms, rounds=1, decode_steps=32, context=256, prompt_file=None, replays=50,
-                              copies=2, trace_steps=0, warmup=True, watchdog=4.0, hang_timeout=300.0)
+                              copies=2, trace_steps=0, trace_runs=1, warmup=True, watchdog=4.0, hang_timeout=300.0)
     case = common.Case(target.synthetic(opts.context, opts.decode_steps), layers)
     record = engine.engine_record(case, opts, str(tmp_path_factory.mktemp(f"engine-{layers}")))
     print("\n" + engine_report.render(record))
@@ -54,17 +54,17 @@ def large(tmp_path_factory):
 def test_protected_arms_never_block_and_keep_upstreams_tokens(size, request):
     record = request.getfixturevalue(size)
     assert engine.failures(record) == []
-    protected = [arm for arm, s in record["summary"].items() if s["protected"]]
+    protected = [arm for arm, s in record["summary"]["arms"].items() if s["protected"]]
     assert "upstream" in protected and "auto" in protected, protected
     for arm in protected:
-        assert record["summary"][arm]["fires"] == 0, arm
+        assert record["summary"]["arms"][arm]["fires"] == 0, arm
 
 
 def test_never_uploaded_graphs_block_in_the_large_model(large):
     """The negative control: without any protection the 320-layer decode graphs' first launches
     block behind their own WAIT until the watchdog releases it (FreeToken's #697 deadlock)."""
     for arm in engine.NEVER_UPLOADED:
-        summary = large["summary"][arm]
+        summary = large["summary"]["arms"][arm]
         assert summary["errors"] == [], summary["errors"]
         assert summary["fires"] >= 1, f"{arm}: no launch blocked; this test could not have failed"
         assert max(summary["first_launch_ms"].values()) > 3900
@@ -74,11 +74,11 @@ def test_small_model_never_blocks_and_auto_costs_nothing(small):
     """48 layers never block even without protection; auto's decode step GPU time stays close to the
     never-uploaded arm's. The 2% bound catches a protection left on the decode path (FreeToken's
     fill-worker path costs 19% per step at this size); the 0.3% target is `bench --engine`'s."""
-    summary = small["summary"]
+    summary = small["summary"]["arms"]
     for arm in ("pre-697", "skip"):
         assert summary[arm]["fires"] == 0 and summary[arm]["same_tokens_as_reference"], arm
-    assert summary["auto"]["replay_rounds"]["2"][0] == pytest.approx(summary["pre-697"]["replay_rounds"]["2"][0],
-                                                                     rel=0.02)
+    assert summary["auto"]["processes"][0]["replay"]["2"] == pytest.approx(
+        summary["pre-697"]["processes"][0]["replay"]["2"], rel=0.02)
 
 
 @pytest.mark.parametrize("size", ["small", "no_wait"])
@@ -98,7 +98,27 @@ def test_copies_of_the_engine_graphs_replay_in_every_process(size, request):
                     assert all(len(t) == 50 for t in copied[kind]), (arm, bs, kind)
                     for times in copied[kind]:
                         assert statistics.median(times) == pytest.approx(own, rel=0.05), (arm, bs, kind)
-    assert set(record["upload_copies"]) == {str(bs) for bs in record["runs"]["upstream"][0]["graph_bs"]}
+    assert set(record["summary"]["upload_idle"]) == {str(bs) for bs in record["runs"]["upstream"][0]["graph_bs"]}
+
+
+@pytest.mark.parametrize("size", ["small", "no_wait"])
+def test_the_decode_loop_launches_every_copy_and_keeps_the_tokens(size, request):
+    """In every timed process, the graph steps after each size's first launch went through the
+    engine's own executable and every copy, in the schedule's cycle; the upload in the decode loop
+    has a figure per bs; and where a traced process ran (its own graphs only), the copies' loop gave
+    its tokens."""
+    record = request.getfixturevalue(size)
+    record = record[0] if isinstance(record, tuple) else record
+    for arm, rs in record["runs"].items():
+        for r in rs:
+            for bs, labels in r["step_exec"].items():
+                assert set(labels) == {"own", "uploaded:0", "never:0", "uploaded:1", "never:1"}, (arm, bs)
+                assert all(a != b for a, b in zip(labels, labels[1:], strict=False)), (arm, bs)
+                assert len(r["launch_gpu_ms"][bs]) == len(labels) == len(r["step_gpu_ms"][bs])
+    up = record["summary"]["upload_in_loop"]
+    assert set(up["launch"]) >= {"2", "1"} and all(f["processes"] >= 2 for f in up["launch"].values())
+    if size == "no_wait":
+        assert {s["copies_tokens"] for s in record["summary"]["arms"].values()} == {"same"}
 
 
 @pytest.fixture(scope="module")
@@ -108,27 +128,28 @@ def no_wait(tmp_path_factory):
     root = tmp_path_factory.mktemp("llama")
     model.write_model(str(root / "llama"), "llama", 4)
     return bench_record(["--engine", "--model", str(root / "llama"), "--context", "512", "--decode-steps", "32",
-                         "--rounds", "2", "--trace-steps", "8", "--replays", "50", "--",
+                         "--rounds", "2", "--trace-steps", "8", "--replays", "50", "--copies", "2", "--",
                          *model.ENGINE_FLAGS["llama"].split()], root)
 
 
 def test_a_model_without_the_wait_gets_no_op_everywhere_and_upstreams_tokens(no_wait):
     record, code = no_wait
     assert not record["wait_case"] and engine.failures(record) == [] and code == 0
-    for arm, s in record["summary"].items():
+    for arm, s in record["summary"]["arms"].items():
         assert s["protected"] and s["same_tokens_as_reference"] and s["fires"] == 0, arm
     actions = {g["action"] for r in record["runs"]["auto"] for p in r["shim"]["passes"] for g in p["graphs"]}
     assert actions == {"no-op"}
 
 
 def test_the_kernel_timeline_comes_from_the_real_engine(no_wait):
-    """The traced run's graph launches are found in Kineto's trace (one correlation id per launch),
-    with every stream of the decode graph and a gap per stream."""
+    """The traced runs' graph launches are found in Kineto's trace (one correlation id per launch),
+    with every stream of the decode graph and a gap per stream, from two traced processes per arm."""
     record, _ = no_wait
-    for arm, s in record["summary"].items():
+    for arm, s in record["summary"]["arms"].items():
         t = s["timeline"]
-        assert {"2", "1"} <= set(t), (arm, t)
-        for bs in ("2", "1"):
-            assert t[bs]["launches"] >= 6 and t[bs]["graph_kernels"] > 10 and t[bs]["gap_us"], (arm, t)
-            assert 0 < t[bs]["busy_us"] and t[bs]["step_kernels"] >= t[bs]["graph_kernels"], (arm, t)
+        assert {"2", "1"} <= set(t) and t["processes"] == 2, (arm, t)
+        for bs in ("2", "1"):  # each figure: [median, min, max] over the traced processes
+            assert t[bs]["launches"][1] >= 6 and t[bs]["graph_kernels"][0] > 10 and t[bs]["gap_us"], (arm, t)
+            assert 0 < t[bs]["busy_us"][1] and t[bs]["step_kernels"][0] >= t[bs]["graph_kernels"][0], (arm, t)
+            assert all(len(q) == 101 for q in t[bs]["gap_quantiles"].values()), (arm, t)
         assert s["free_mib_after_capture"] > 0 and set(s["first_launch_mib"]) >= {"1", "2"}

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from freetoken_graphfix.bench import cli, engine, engine_report, model, target, workload
+from freetoken_graphfix.bench import cli, engine, engine_report, engine_stats, model, target, workload
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +191,7 @@ def test_without_a_wait_every_shim_arm_is_a_no_op_and_every_arm_must_match():
                   auto=[no_wait_result(shim=shim("auto", "no-op"))] * 2,
                   upload=[no_wait_result(shim=shim("upload", "upload"))] * 2)
     assert not good["wait_case"] and engine.failures(good) == []
-    assert all(s["protected"] for s in good["summary"].values()) and good["summary"]["auto"]["base"] == "pre-697"
+    assert all(s["protected"] for s in good["summary"]["arms"].values()) and good["summary"]["base"] == "pre-697"
     text = engine_report.render(good)
     assert "no decode graph holds a WAIT the host releases after the launch" in text
     assert "negative control" not in text
@@ -214,12 +214,13 @@ def test_the_markdown_report_has_775s_shape():
     timeline = {"note": "n", "2": {"launches": 23, "graph_kernels": 1090, "step_kernels": 1102, "busy_us": 812.5,
                                    "streams": 4, "gap_us": {f"s{i}": {"median": 0.19, "n": 9} for i in (1, 2, 3, 4)}}}
     rec = judged(upstream=[no_wait_result()] * 2, **{"pre-697": [no_wait_result(upload_ms=[])] * 2})
-    rec["summary"]["upstream"]["timeline"] = timeline
+    rec["summary"]["arms"]["upstream"]["timeline"] = engine_stats.timeline([timeline])
     text = engine_report.markdown([rec])
     for piece in ("| GPU | GPU |", "| driver | 1 |", "| FreeToken | 0.2.1 |", "| model | llama |",
                   "`python -m freetoken_graphfix bench ...`",
-                  "| build | bs | GPU ms per decode step | tok/s | vs never uploaded (± 2 SE) |",
+                  "| build | bs | GPU ms per decode step | tok/s | vs never uploaded, within host modes (95%) |",
                   "| upstream | 2 | 3.305 | 605.1 | 1.0000 ± 0.0000 |", "| pre-697 | 2 | 3.305 | 605.1 | 1 (base) |",
-                  "upstream       bs 2: kernels 1102 (1090), busy 812.5 µs, 4 streams, gap s1 0.190 s2 0.190 s3 0.190 "
-                  "s4 0.190", "free GPU memory after capture, upstream: 9000 MiB"):
+                  "upstream       bs 2: 1 process(es), kernels 1102 (1090), busy 812.5 µs, 4 streams, gap s1 0.190 "
+                  "s2 0.190 s3 0.190 s4 0.190", "free GPU memory after capture, upstream: 9000 MiB",
+                  "the upload in the decode loop, same graph, same process: not measured"):
         assert piece in text, piece

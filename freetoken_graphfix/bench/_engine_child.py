@@ -4,13 +4,19 @@ Run by path (``python _engine_child.py SPEC.json``), never imported, and it impo
 freetoken_graphfix: the shim must reach this process the way it reaches a user's engine, through
 its ``.pth`` bootstrap and ``FT_GRAPH_UPLOAD``. The engine is built from FreeToken's own ``ft serve``
 options (its own parser), as ``ft serve`` would build it. What this adds is instrumentation only:
-timing wrappers on ``_upload_graph`` (0.2.x) and ``GraphRunner._capture_graphs`` (which, when
-``spec["copies"]``, also keeps each graph's ``cudaGraph_t`` for fresh copies of it), a counter on the
+timing wrappers on ``_upload_graph`` (0.2.x) and ``GraphRunner._capture_graphs``, a counter on the
 PLE table's WAIT (``row_store.wait_reset`` in 0.2.x, ``_ple_store.memop_wait_reset`` in 0.1.3), CUDA
-events around ``Engine.forward_batch``, free GPU memory around each graph's first launch, and a
-launch watchdog that releases the PLE flag when a graph launch blocks, so a deadlock is reported
-instead of hanging. A traced run (``spec["trace"]``) initialises CUPTI before the capture and
-records the decode workload's kernel timeline instead of timing it.
+events around ``Engine.forward_batch``, ``GraphRunner.replay`` and each graph launch, free GPU memory
+around each graph's first launch, and a launch watchdog that releases the PLE flag when a graph
+launch blocks, so a deadlock is reported instead of hanging.
+
+With ``spec["copies"]`` the capture also keeps each graph's ``cudaGraph_t`` and makes fresh
+executables of it, as many uploaded as never uploaded, each launched once right after the capture
+with its WAIT released beforehand; the decode loop then launches, step by step in rotated order,
+the engine's own executable and those copies in the engine's own slot (same graph, same memory,
+same inputs, the WAIT released by the step's own fill), so the upload is measured inside the decode
+loop of one process. A traced run (``spec["trace"]``) initialises CUPTI before the capture, makes no
+copies, and records the decode workload's kernel timeline instead of timing it.
 Prints one ``GRAPHFIX_ENGINE_RESULT {json}`` line.
 """
 
@@ -92,60 +98,118 @@ def keeping_graph_class():
     return KeptGraph
 
 
-def time_replays(runner, stream, flag, reps: int, copies: int, release) -> tuple[dict, dict]:
-    """GPU ms of each of the engine's own graphs alone, after the run, and of ``copies`` fresh
-    executables of the same graph uploaded at creation (``cuGraphUpload`` then a sync, as 0.2.x's
-    ``_upload_graph``) and as many never uploaded: every executable replayed in rotated order, the
-    WAIT released just before each launch. Copies share the graph's memory and differ only in the
-    upload, so their ratio measures the upload in this process, free of the up to 8% by which
-    separate engine processes differ on the H200. The decode step is host-bound (the scheduler, the
-    fill), so its CUDA-event time mostly measures the host; this measures the graph."""
-    import ctypes
+class Driver:
+    """The CUDA driver calls the copies need (ctypes: this process imports nothing of the package)."""
 
-    import torch
+    def __init__(self) -> None:
+        import ctypes
 
-    cu = ctypes.CDLL("libcuda.so.1")
-    cu_stream = ctypes.c_void_p(stream.cuda_stream)
+        self.ct, self.cu = ctypes, ctypes.CDLL("libcuda.so.1")
 
-    def check(rc: int, call: str) -> None:
+    def _check(self, rc: int, call: str) -> None:
         if rc:
             raise RuntimeError(f"{call} returned CUDA error {rc}")
 
-    execs: dict[tuple[int, str, int], int] = {}  # (bs, own/uploaded/never, copy) -> CUgraphExec
-    made: list[int] = []
-    try:
-        for bs, graph in runner.graph_map.items():
-            execs[bs, "own", 0] = graph.raw_cuda_graph_exec()
-            for i in range(copies):
-                for kind in ("uploaded", "never"):
-                    handle = ctypes.c_void_p()
-                    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(handle), ctypes.c_void_p(graph.raw_cuda_graph()),
-                                                         ctypes.c_ulonglong(1)), "cuGraphInstantiateWithFlags")
-                    made.append(handle.value)
-                    if kind == "uploaded":
-                        check(cu.cuGraphUpload(handle, cu_stream), "cuGraphUpload")
-                        stream.synchronize()
-                    execs[bs, kind, i] = handle.value
-        keys = list(execs)
-        times: dict[tuple[int, str, int], list[float]] = {key: [] for key in keys}
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for rep in range(reps + 3):  # the first 3 are warm-up (and every copy's first launch)
-            for key in keys[rep % len(keys):] + keys[:rep % len(keys)]:
-                if flag is not None:
-                    flag.zero_()  # exactly one release per launch
-                    release(flag)
-                start.record(stream)
-                check(cu.cuGraphLaunch(ctypes.c_void_p(execs[key]), cu_stream), "cuGraphLaunch")
-                end.record(stream)
-                end.synchronize()
-                if rep >= 3:
-                    times[key].append(round(start.elapsed_time(end), 5))
-    finally:
-        for handle in made:
-            cu.cuGraphExecDestroy(ctypes.c_void_p(handle))
-    own = {str(bs): times[bs, "own", 0] for bs in runner.graph_map}
-    copied = {str(bs): {kind: [times[bs, kind, i] for i in range(copies)] for kind in ("uploaded", "never")}
-              for bs in runner.graph_map} if copies else {}
+    def instantiate(self, graph: int) -> int:
+        handle = self.ct.c_void_p()
+        self._check(self.cu.cuGraphInstantiateWithFlags(self.ct.byref(handle), self.ct.c_void_p(graph),
+                                                        self.ct.c_ulonglong(1)), "cuGraphInstantiateWithFlags")
+        return handle.value
+
+    def upload(self, handle: int, stream: int) -> None:
+        self._check(self.cu.cuGraphUpload(self.ct.c_void_p(handle), self.ct.c_void_p(stream)), "cuGraphUpload")
+
+    def launch(self, handle: int, stream: int) -> None:
+        self._check(self.cu.cuGraphLaunch(self.ct.c_void_p(handle), self.ct.c_void_p(stream)), "cuGraphLaunch")
+
+    def destroy(self, handle: int) -> None:
+        self.cu.cuGraphExecDestroy(self.ct.c_void_p(handle))
+
+
+def copy_labels(copies: int) -> list[str]:
+    """The executables of one graph in the decode loop, in the order of a cycle: the copies in pairs
+    laid out uploaded-never, never-uploaded (ABBA), the engine's own graph in the middle, so that with
+    an even number of copies the uploaded ones, the never-uploaded ones and the own graph sit at the
+    same mean position (a drift over the cycle lands on each kind alike)."""
+    pairs = [[f"uploaded:{i}", f"never:{i}"][::1 if i % 2 == 0 else -1] for i in range(copies)]
+    order = [label for pair in pairs for label in pair]
+    return [*order[:copies], "own", *order[copies:]]
+
+
+def loop_schedule(labels: list[str], k: int) -> str:
+    """The executable the ``k``-th graph step of a size launches after that size's first launch: the
+    cycle's order (``copy_labels``) over and over. No executable is ever launched twice in a row:
+    the first of a cycle differs from the last, and a relaunch of the very executable just launched
+    may run faster than any other, which would favour one copy."""
+    return labels[k % len(labels)]
+
+
+def make_copies(runner, copies: int, flag, release, driver: Driver) -> dict[int, dict[str, int]]:
+    """Per bs, ``copies`` fresh executables of the engine's graph uploaded (``cuGraphUpload`` then a
+    sync, as 0.2.x's ``_upload_graph``) and as many never uploaded, right after the capture. Each is
+    launched once here with its WAIT released just before (the flag back at 0 after it, checked), so
+    none can block in the loop; the offload cache is then reset as the capture leaves it
+    (``graph.py`` 228). Copies share the graph's memory and differ from its executable only in the
+    upload."""
+    stream = runner.stream
+    made: dict[int, dict[str, int]] = {}
+    for bs, graph in runner.graph_map.items():
+        made[bs] = {}
+        for label in copy_labels(copies)[1:]:
+            handle = made[bs][label] = driver.instantiate(graph.raw_cuda_graph())
+            if label.startswith("uploaded"):
+                driver.upload(handle, stream.cuda_stream)
+                stream.synchronize()
+            if flag is not None:
+                flag.zero_()  # exactly one release per launch
+                release(flag)
+            driver.launch(handle, stream.cuda_stream)
+            stream.synchronize()
+            if flag is not None and int(flag[0]) != 0:
+                raise RuntimeError(f"bs {bs} {label}: the copy's first launch left the PLE flag at {int(flag[0])}")
+    reset = getattr(runner, "_reset_moe_offload_cache", None)
+    if reset is not None:
+        reset()
+    return made
+
+
+class StandIn:
+    """Takes the place of ``graph_map[bs]`` for one step: ``GraphRunner.replay`` (graph.py 238-240)
+    looks the graph up and calls its ``replay()``, which here launches the step's executable."""
+
+    __slots__ = ("replay",)
+
+    def __init__(self, launch) -> None:
+        self.replay = launch
+
+
+def time_replays(runner, stream, flag, reps: int, copies: dict[int, dict[str, int]], release,
+                 driver: Driver) -> tuple[dict, dict]:
+    """A diagnostic after the workload: GPU ms of each engine graph and of its copies replayed back to
+    back from an idle GPU, every executable in rotated order, the WAIT released just before each
+    launch. Inside one process the copies' ratio is the upload alone; the engine's own graph over its
+    never-uploaded copies divides the process's own speed out."""
+    import torch
+
+    keys = [(bs, "own") for bs in runner.graph_map] + [(bs, label) for bs in copies for label in copies[bs]]
+    execs = {key: runner.graph_map[key[0]].raw_cuda_graph_exec() if key[1] == "own" else copies[key[0]][key[1]]
+             for key in keys}
+    times: dict[tuple[int, str], list[float]] = {key: [] for key in keys}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for rep in range(reps + 3):  # the first 3 are warm-up
+        for key in keys[rep % len(keys):] + keys[:rep % len(keys)]:
+            if flag is not None:
+                flag.zero_()
+                release(flag)
+            start.record(stream)
+            driver.launch(execs[key], stream.cuda_stream)
+            end.record(stream)
+            end.synchronize()
+            if rep >= 3:
+                times[key].append(round(start.elapsed_time(end), 5))
+    own = {str(bs): times[bs, "own"] for bs in runner.graph_map}
+    copied = {str(bs): {kind: [times[bs, label] for label in labels if label.startswith(kind)]
+                        for kind in ("uploaded", "never")} for bs, labels in copies.items()}
     return own, copied
 
 
@@ -223,6 +287,9 @@ def main(spec_path: str) -> None:
     capture_ms: list[float] = []
     runner_cls = graph_mod.GraphRunner
     capture = runner_cls._capture_graphs
+    driver = Driver()
+    copies: dict[int, dict[str, int]] = {}  # bs: label: CUgraphExec, made at the first capture
+    copy_notes: list[str] = []
 
     def timed_capture(self, *args, **kwargs):
         if trace and not capture_ms:
@@ -231,15 +298,33 @@ def main(spec_path: str) -> None:
             # CUPTI must be initialised before graphs are captured, or their kernels go untraced
             # (PyTorch #75504); here CUDA is up (Engine.__init__ asserts it is not, before).
             _utils._init_for_cuda_graphs()
-        cuda_graph = torch.cuda.CUDAGraph
-        if spec["copies"] and not trace:  # graph.py 204 constructs torch.cuda.CUDAGraph() per bs
-            torch.cuda.CUDAGraph = keeping_graph_class() or cuda_graph
+        cuda_graph, kept = torch.cuda.CUDAGraph, None
+        if spec["copies"] and not trace and not capture_ms:  # graph.py 204: torch.cuda.CUDAGraph() per bs
+            kept = keeping_graph_class()
+            if kept is None:
+                copy_notes.append("no copies of the graphs: this torch's CUDAGraph cannot keep its graph")
+            else:
+                torch.cuda.CUDAGraph = kept
         t0 = time.perf_counter()
         try:
-            return capture(self, *args, **kwargs)
+            out = capture(self, *args, **kwargs)
         finally:
             capture_ms.append(1e3 * (time.perf_counter() - t0))
             torch.cuda.CUDAGraph = cuda_graph
+        if kept is not None:
+            model = args[2] if len(args) > 2 else kwargs.get("model")
+            flag = getattr(getattr(model, "_ple_table", None), "_flag", None)
+            try:
+                copies.update(make_copies(self, spec["copies"], flag, release, driver))
+            except Exception as exc:  # the run goes on without copies, and the report says why
+                copy_notes.append(f"no copies of the graphs: {exc!r}")
+                for labels in copies.values():
+                    for handle in labels.values():
+                        driver.destroy(handle)
+                copies.clear()
+                if flag is not None:
+                    flag.zero_()  # no surplus release may reach the engine's own first WAIT
+        return out
 
     runner_cls._capture_graphs = timed_capture
 
@@ -257,27 +342,49 @@ def main(spec_path: str) -> None:
     steps: list[dict] = []
     fires: list[dict] = []
     seen_bs: set[int] = set()
+    labels = {bs: copy_labels(len(made) // 2) for bs, made in copies.items()}
+    loop_steps: dict[int, int] = {}  # bs: graph steps after its first launch, so far
+    pending: dict = {}  # what the replay of the step in progress recorded, for forward_batch
 
-    graph_events: list[tuple[int, object, object]] = []  # (bs, start, end) around each graph step on the GPU
+    def event():
+        return torch.cuda.Event(enable_timing=True)
 
     def replay(batch):  # instance attribute; the class attribute is looked up per call (deferred hooks)
         bs = batch.padded_size
         first = str(bs) not in first_launch_free
-        if first:
+        own = runner.graph_map[bs]
+        if first:  # the arm's own first launch, untouched
             first_launch_free[str(bs)] = [torch.cuda.mem_get_info()[0]]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        else:
+            k = loop_steps[bs] = loop_steps.get(bs, -1) + 1
+            label = loop_schedule(labels.get(bs, ["own"]), k)
+            handle = copies.get(bs, {}).get(label)
+            begin, finish = event(), event()
+
+            def launch() -> None:
+                begin.record()
+                if handle is None:
+                    own.replay()
+                else:
+                    driver.launch(handle, torch.cuda.current_stream().cuda_stream)
+                finish.record()
+
+            runner.graph_map[bs] = StandIn(launch)
+            pending.update(exec=label, launch=(begin, finish))
+        start, end = event(), event()
         start.record(eng.stream)
         t = dog.started = time.perf_counter()
         try:
             return runner_cls.replay(runner, batch)
         finally:
             dog.started = None
+            runner.graph_map[bs] = own
             launches.append((bs, 1e3 * (time.perf_counter() - t)))
             end.record(eng.stream)
-            if not first:
-                graph_events.append((bs, start, end))
-            else:
+            if first:
                 first_launch_free[str(bs)].append(torch.cuda.mem_get_info()[0])
+            else:
+                pending["graph"] = (start, end)
 
     forward = eng.forward_batch
 
@@ -285,7 +392,8 @@ def main(spec_path: str) -> None:
         on_graph = runner.can_use_cuda_graph(batch)
         bs = batch.padded_size if on_graph else batch.size
         fired_before = dog.fired
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = event(), event()
+        pending.clear()
         start.record(eng.stream)
         t = time.perf_counter()
         out = forward(batch, args)
@@ -299,7 +407,7 @@ def main(spec_path: str) -> None:
             flag.zero_()
         kind = "graph" if on_graph else ("decode" if batch.is_decode else "prefill")
         steps.append({"kind": kind, "bs": bs, "first": on_graph and bs not in seen_bs, "events": (start, end),
-                      "host_ms": host_ms})
+                      "host_ms": host_ms, **pending})
         if on_graph:
             seen_bs.add(bs)
         return out
@@ -321,19 +429,17 @@ def main(spec_path: str) -> None:
         workload()
     torch.cuda.synchronize()
 
-    for step in steps:
-        begin, finish = step.pop("events")
-        step["gpu_ms"] = begin.elapsed_time(finish)
+    def ms(events) -> float:
+        return round(events[0].elapsed_time(events[1]), 5)
+
     warm: dict[str, list[dict]] = {}  # per bs: the graph steps after each graph's first
     for s in steps:
+        s["gpu_ms"] = ms(s.pop("events"))
         if s["kind"] == "graph" and not s["first"]:
             warm.setdefault(str(s["bs"]), []).append(s)
-    graph_gpu_ms: dict[str, list[float]] = {}  # the graph step alone, inside the decode loop
-    for bs, begin, finish in graph_events:
-        graph_gpu_ms.setdefault(str(bs), []).append(round(begin.elapsed_time(finish), 5))
     first_launch: dict[str, float] = {}
-    for bs, ms in launches:
-        first_launch.setdefault(str(bs), ms)
+    for bs, host_ms in launches:
+        first_launch.setdefault(str(bs), host_ms)
     token_ids = [o["token_ids"] for o in outs]
     shim = sys.modules.get("freetoken_graphfix")  # observed, never imported here
     result = {
@@ -348,33 +454,36 @@ def main(spec_path: str) -> None:
         "capture_ms": capture_ms, "upload_ms": upload_ms, "build_s": build_s,
         "steps": {k: sum(s["kind"] == k for s in steps) for k in ("prefill", "decode", "graph")},
         "fires": fires, "first_launch_ms": first_launch,
-        "max_launch_ms": max((ms for _, ms in launches), default=None),
+        "max_launch_ms": max((host_ms for _, host_ms in launches), default=None),
         "free_mib_after_capture": free_after_capture / 2**20,
         "first_launch_free_mib": {bs: [v / 2**20 for v in free] for bs, free in first_launch_free.items()},
         "first_step_gpu_ms": {str(s["bs"]): s["gpu_ms"] for s in steps if s["first"]},
-        "step_gpu_ms": {bs: [round(s["gpu_ms"], 5) for s in ss] for bs, ss in warm.items()},
+        "step_gpu_ms": {bs: [s["gpu_ms"] for s in ss] for bs, ss in warm.items()},
         "step_host_ms": {bs: [round(s["host_ms"], 5) for s in ss] for bs, ss in warm.items()},
-        "graph_gpu_ms": graph_gpu_ms,
+        "graph_gpu_ms": {bs: [ms(s["graph"]) for s in ss] for bs, ss in warm.items()},
+        "launch_gpu_ms": {bs: [ms(s["launch"]) for s in ss] for bs, ss in warm.items()},
+        "step_exec": {bs: [s["exec"] for s in ss] for bs, ss in warm.items()},
+        "copies_made": {str(bs): len(made) // 2 for bs, made in copies.items()},
         "prompt_tokens": {name: len(ids) for name, ids in prompts.items()},
         "tokens": [len(t) for t in token_ids],
         "distinct_tokens": len({t for ids in token_ids for t in ids}),
         "token_hash": hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:16],
+        "token_ids": token_ids,
         "shim": None if shim is None else {k: v for k, v in shim.status().items() if k != "freetoken"},
     }
+    if copy_notes:
+        result["copies_error"] = "; ".join(copy_notes)
     if trace:
         result["launch_bs"] = [bs for bs, _ in launches]
     else:
         try:
-            copies = spec["copies"]
-            try:
-                for graph in runner.graph_map.values():
-                    graph.raw_cuda_graph()  # kept (this torch can keep a graph)?
-            except Exception as exc:
-                copies, result["copies_error"] = 0, f"no copies of the graphs: {exc}"
             result["replay_gpu_ms"], result["copies_gpu_ms"] = time_replays(
-                runner, eng.stream, flag, spec["replays"], copies, release)
+                runner, eng.stream, flag, spec["replays"], copies, release, driver)
         except Exception as exc:  # report the run's figures even so
             result["replay_error"] = repr(exc)
+    for made in copies.values():
+        for handle in made.values():
+            driver.destroy(handle)
     faulthandler.cancel_dump_traceback_later()
     print(RESULT_TAG + json.dumps(result), flush=True)
     try:

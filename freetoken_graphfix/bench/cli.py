@@ -10,7 +10,18 @@ import shlex
 import sys
 
 from . import engine, model, serve
-from .common import ERR, OK, cases, check_writable, environment, non_negative, positive, run_cases, seconds, write_json
+from .common import (
+    ERR,
+    OK,
+    cases,
+    check_writable,
+    environment,
+    non_negative,
+    positive,
+    run_cases,
+    seconds,
+    write_outputs,
+)
 from .deadlock import deadlock_matrix, probe
 from .replay import STRATEGIES, gaps_child, run_arms
 from .report import markdown, plot, render
@@ -46,7 +57,6 @@ def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.Argumen
     rig.add_argument("--h2d", action="store_true", help="add a pinned-host H2D copy per layer (MoE-offload-like)")
     rig.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES, metavar="MODE",
                      help=f"of: {', '.join(STRATEGIES)} (default: all)")
-    rig.add_argument("--plot", metavar="PATH", help="PNG of the gap distributions (needs matplotlib)")
     rig.add_argument("--deadlock", action="store_true", help="first-launch probe matrix, a subprocess per case")
     rig.add_argument("--matrix-kernels", type=positive, nargs="+", default=[1000, 8000, 32000, 64000], metavar="N",
                      help="--deadlock graph sizes (default 1000 8000 32000 64000)")
@@ -55,6 +65,12 @@ def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.Argumen
     out.add_argument("--markdown", metavar="PATH",
                      help="write a report to paste upstream (GPU, driver, torch, FreeToken, the command, ms per step "
                           "and the ratios with their bands)")
+    out.add_argument("--plot", metavar="PATH",
+                     help="the rig and --engine: a PNG of the inter-kernel gap distributions per stream (--engine: "
+                          "and each process's decode steps over the run); needs matplotlib")
+    out.add_argument("--from-json", metavar="PATH",
+                     help="judge a record a bench --json wrote again, by this version's rules, and print it (with "
+                          "--markdown, --plot, --json), instead of running anything")
     out.add_argument("--logs", metavar="DIR", help="--engine/--serve: keep each process's log here (default: a "
                                                     "new temporary directory)")
     models = ap.add_argument_group(
@@ -103,15 +119,15 @@ def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     from .target import TargetError, from_model
     from .workload import check, read_text
 
-    if ft_args and not opts.model:
+    if ft_args and opts.model is None:
         return "FreeToken options after -- need --model (the synthetic model runs with its own)"
     try:
         read_text(opts.prompt_file)
-        opts.target = from_model(opts.model, ft_args) if opts.model else None
+        opts.target = from_model(opts.model, ft_args) if opts.model is not None else None
         check(opts.context, opts.decode_steps, opts.target.max_positions if opts.target else None)
     except (TargetError, ValueError) as exc:
         return str(exc)
-    if opts.model and opts.layers:
+    if opts.model is not None and opts.layers:
         return "--layers sizes the synthetic model; with --model it has no meaning"
     opts.layers = opts.layers or [48]
     try:
@@ -119,6 +135,45 @@ def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     except ValueError as exc:
         return f"--layers: {exc}"
     return None
+
+
+def what_runs(opts: argparse.Namespace) -> str:
+    """The benchmark these options select, by the name its options are documented under."""
+    for flag in ("from_json", "startup", "write_model", "engine", "serve", "deadlock"):
+        if getattr(opts, flag) not in (None, False):
+            return "--" + flag.replace("_", "-")
+    return "the rig"
+
+
+REPORTS = {"--markdown": ("the rig", "--engine", "--from-json"), "--plot": ("the rig", "--engine", "--from-json")}
+
+
+def misplaced_report(opts: argparse.Namespace) -> str | None:
+    """``--markdown`` or ``--plot`` where nothing would write it: refused, not silently ignored."""
+    mode = what_runs(opts)
+    for option, where in REPORTS.items():
+        if getattr(opts, option[2:]) is not None and mode not in where:
+            return f"{option} is written by {', '.join(where)}, not by {mode}"
+    return None
+
+
+def from_json(opts: argparse.Namespace, prog: str) -> int:
+    """``--from-json``: a saved record judged again by this version's rules and shown as a run shows it."""
+    from . import rejudge
+
+    try:
+        saved = rejudge.load(opts.from_json)
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return ERR
+    for option, writer in (("--markdown", saved.markdown), ("--plot", saved.plot)):
+        if getattr(opts, option[2:]) is not None and writer is None:
+            print(f"{prog}: error: {option}: a {saved.kind} record has none; it is for the rig and --engine",
+                  file=sys.stderr)
+            return ERR
+    print(saved.render())
+    written = write_outputs(opts, saved.record, saved.markdown, saved.plot)
+    return ERR if not written or saved.failed() else OK
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfix bench") -> int:
@@ -132,18 +187,24 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
             check_writable(getattr(opts, option), f"--{option}")
     except ValueError as exc:
         ap.error(str(exc))
+    why = misplaced_report(opts)
+    if why:
+        ap.error(why)
+    if opts.from_json is not None:
+        if ft_args:
+            ap.error("FreeToken options after -- are for --engine and --serve with --model")
+        return from_json(opts, prog)
     if opts.startup:
         record, text = startup(opts.startup_runs)
-        write_json(opts.json, record)
         print(text)
-        return OK
-    if opts.write_model:
+        return OK if write_outputs(opts, record) else ERR
+    if opts.write_model is not None:
         try:
             print(model.write_model(opts.write_model, opts.family, opts.layers[0] if opts.layers else None))
         except ValueError as exc:
             ap.error(str(exc))
         return OK
-    if opts.model and not (opts.engine or opts.serve):
+    if opts.model is not None and not (opts.engine or opts.serve):
         ap.error("--model runs with --engine or --serve")
     if opts.engine or opts.serve:
         why = prepare_models(opts, ft_args) or (serve.openai_missing() if opts.serve else None)
@@ -159,12 +220,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
               file=sys.stderr)
         return ERR
     if opts.engine:
+        from .engine_plot import plot as engine_plot
         from .engine_report import markdown as engine_markdown
         from .engine_report import render as engine_render
 
-        opts.arms = opts.arms or list(engine.DEFAULT_ARMS)
+        opts.arms = opts.arms or engine.default_arms(any(c.target.expects_wait for c in opts.cases))
         return run_cases(opts, "engine", engine.engine_record, engine_render, lambda r: bool(engine.failures(r)),
-                         engine_markdown)
+                         engine_markdown, engine_plot)
     if opts.serve:
         opts.arms = opts.serve_arms or list(serve.DEFAULT_ARMS)
         return run_cases(opts, "serve", serve.serve_record, serve.render, lambda r: any(r["problems"].values()))
@@ -175,17 +237,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
         return gaps_child(opts)
     if opts.deadlock:
         rows, text = deadlock_matrix(opts)
-        write_json(opts.json, {"env": environment(), "probes": rows})
         print(text)
         protected = [r for r in rows if r["strategy"] != "skip"]
-        return ERR if any(r.get("error") or r.get("blocked") for r in protected) else OK
+        failed = any(r.get("error") or r.get("blocked") for r in protected)
+        return ERR if not write_outputs(opts, {"env": environment(), "probes": rows}) or failed else OK
     record = run_arms(opts)
     record["command"] = opts.command
-    write_json(opts.json, record)
-    if opts.markdown:
-        with open(opts.markdown, "w") as fh:
-            fh.write(markdown(record))
     print(render(record))
-    if opts.plot:
-        print(plot(record, opts.plot))
-    return OK
+    return OK if write_outputs(opts, record, markdown, plot) else ERR

@@ -92,9 +92,20 @@ def _whole_at_least(text: str, low: int) -> int:
 
 
 def write_json(path: str | None, record: Any) -> None:
+    """``record`` as JSON, a figure that could not be computed (nan, inf) as ``null``: strict JSON."""
     if path:
         with open(path, "w") as fh:
-            json.dump(record, fh, indent=1)
+            json.dump(finite(record), fh, indent=1, allow_nan=False)
+
+
+def finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def check_writable(path: str | None, option: str) -> None:
@@ -105,6 +116,13 @@ def check_writable(path: str | None, option: str) -> None:
     if not path or os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise ValueError(f"{option} {path!r}: cannot be written; accepted values are a file path in an existing, "
                          "writable directory")
+    if os.path.exists(path):
+        try:
+            with open(path, "a"):  # opened for appending, never written: the file is left as it is
+                pass
+        except OSError as exc:
+            raise ValueError(f"{option} {path!r}: cannot be written ({exc.strerror}); accepted values are a file "
+                             "path in an existing, writable directory") from None
 
 
 @dataclass(frozen=True)
@@ -151,18 +169,41 @@ def cases(opts: argparse.Namespace) -> list[Case]:
 
 def run_cases(opts: argparse.Namespace, name: str, record: Callable[[Case, argparse.Namespace, str], dict],
               render: Callable[[dict], str], failed: Callable[[dict], bool],
-              markdown: Callable[[list[dict]], str] | None = None) -> int:
+              markdown: Callable[[list[dict]], str] | None = None,
+              plot: Callable[[list[dict], str], str] | None = None) -> int:
     """``bench --engine`` and ``--serve`` over ``opts.cases`` (the CLI refused bad input before): one
-    record per case with its processes' logs kept, ``--json``, ``--markdown``, the tables; exit 1 when
-    one failed."""
+    record per case with its processes' logs kept, ``--json``, ``--markdown``, ``--plot``, the tables;
+    exit 1 when one failed."""
     log_dir = opts.logs or tempfile.mkdtemp(prefix=f"graphfix-{name}-")
     os.makedirs(log_dir, exist_ok=True)
     records = [record(case, opts, log_dir) for case in opts.cases]
-    write_json(opts.json, records)
-    if opts.markdown and markdown is not None:
-        with open(opts.markdown, "w") as fh:
-            fh.write(markdown(records))
     for rec in records:
         print(render(rec) + "\n")
+    written = write_outputs(opts, records, markdown, plot)
     print(f"{name} logs: {log_dir}")
-    return ERR if any(failed(rec) for rec in records) else OK
+    return ERR if not written or any(failed(rec) for rec in records) else OK
+
+
+def write_outputs(opts: argparse.Namespace, record: Any, markdown: Callable[[Any], str] | None = None,
+                  plot: Callable[[Any, str], str] | None = None) -> bool:
+    """``--json``, ``--markdown`` and ``--plot`` of a finished run, after its results were printed: a file
+    that cannot be written after all is one line on stderr, and the others are still written."""
+    ok = True
+    jobs = [("--json", opts.json, lambda path: write_json(path, record))]
+    if markdown is not None:
+        jobs.append(("--markdown", opts.markdown, lambda path: write_text(path, markdown(record))))
+    if plot is not None:
+        jobs.append(("--plot", opts.plot, lambda path: print(plot(record, path))))
+    for option, path, job in jobs:
+        if path:
+            try:
+                job(path)
+            except OSError as exc:
+                print(f"bench: {option} {path!r} could not be written: {exc.strerror or exc}", file=sys.stderr)
+                ok = False
+    return ok
+
+
+def write_text(path: str, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)

@@ -78,13 +78,20 @@ def pooled_gaps(launches: list[list[dict[str, Any]]]) -> dict[str, list[float]]:
     return out
 
 
+def quantiles(values: list[float]) -> list[float]:
+    """The 0th to 100th percentiles of ``values``: the distribution, small enough for a saved record."""
+    q = statistics.quantiles(values, n=100, method="inclusive")
+    return [round(v, 4) for v in (min(values), *q, max(values))]
+
+
 def decode_timeline(trace_file: str, launch_bs: list[int]) -> dict[str, Any]:
     """#775's kernel-timeline figures of a traced decode run, per batch size: kernels per decode step
     and the graph's share of them, GPU busy µs per step (union of kernel intervals), streams the graph
-    uses and the median gap per stream. ``launch_bs`` is the bs of each graph launch the run made, in
-    order (the engine's record); each bs's first launch is left out (first launches are their own
-    figure). A step runs from its graph's first kernel to the next launch of the same bs; a launch
-    followed by another bs's (a prefill between) or by none is left out of the per-step figures."""
+    uses, the median gap per stream and its percentiles (for ``--plot``). ``launch_bs`` is the bs of
+    each graph launch the run made, in order (the engine's record); each bs's first launch is left
+    out (first launches are their own figure). A step runs from its graph's first kernel to the next
+    launch of the same bs; a launch followed by another bs's (a prefill between) or by none is left
+    out of the per-step figures."""
     kernels = kernel_records(trace_file)
     launches = graph_launches(kernels)
     if len(launches) != len(launch_bs):
@@ -112,6 +119,7 @@ def decode_timeline(trace_file: str, launch_bs: list[int]) -> dict[str, Any]:
             "busy_us": statistics.median(busy_us(ks) for ks in rec["steps"]) if rec["steps"] else None,
             "streams": statistics.median(len(streams(ks)) for ks in rec["launches"]),
             "gap_us": {s: {"median": statistics.median(g), "n": len(g)} for s, g in gaps.items() if g},
+            "gap_quantiles": {s: quantiles(g) for s, g in gaps.items() if len(g) > 1},
         }
     return out
 

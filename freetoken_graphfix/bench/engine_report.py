@@ -1,23 +1,67 @@
-"""``bench --engine``'s report, derived from its record: the terminal tables and, for ``--markdown``,
-#775's own shape (GPU ms per decode step and tok/s per build, then the kernel-timeline bullets)."""
+"""``bench --engine``'s report, derived from its record's figures (``engine_stats``): the terminal
+tables and, for ``--markdown``, #775's own shape. The verdicts lead with what process noise cannot
+move (the upload inside one process's decode loop), then the kernel timeline, then the arms across
+processes (within a shared host mode, never claiming more than the A/A control allows), and last
+the diagnostics from an idle GPU, which never decide on their own."""
 
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
-from .engine import PATCHED_ARMS, RESOLUTION, failures, fmt_ms
-from .stats import paired, t975
+from .arms import PATCHED_ARMS
+from .engine import RESOLUTION, failures, fmt_ms
+from .engine_stats import CROSS
+from .loop import METRICS as LOOP_METRICS
+from .stats import t975
+
+COSTS, FASTER = "COSTS this GPU", "FASTER on this GPU"
+NO_COST = "no cost beyond ±0.5% (95% interval within it)"
+CANNOT = "no cost this run can resolve (95% interval wider than ±0.5%)"
+WITHIN_AA = "within the A/A control's noise (±{:.2f}%): separate processes cannot tell"
+NO_AA = "not judged: no A/A control in this run ({})"
+IDLE_ONLY = "from idle only; in the decode loop: {}"
+SHORT = {"step": "decode step", "launch": "graph launch"}
 
 
-def band(pair: list[float] | None, is_base: bool = False) -> str:
-    """``1.0021 ± 0.0034`` (two standard errors over rounds), or why the run cannot say."""
+def half_width(se: float, df: int) -> float:
+    """The 95% interval's half-width of a log-ratio with standard error ``se`` on ``df`` degrees of
+    freedom (Student's t: 4.3 SE at df 2, not 2); nan without a band."""
+    return t975(df + 1) * se if df >= 1 and not math.isnan(se) else math.nan
+
+
+def judged(ratio: float, half: float, floor: float | None = None) -> str:
+    """What a ratio to never-uploaded graphs means, on its 95% interval (``half``). An interval inside
+    ±0.5% is no cost, even one that excludes 1: #775's regression is 1-2%, and a resolved +0.03% is not
+    one. ``floor``, for a figure across processes, is how far the A/A control's two identical arms came
+    apart (with its band): no such figure may claim to resolve less."""
+    if math.isnan(ratio) or math.isnan(half):
+        return CANNOT
+    wide = max(half, floor or 0.0)
+    if abs(ratio - 1) + wide <= RESOLUTION:
+        return NO_COST
+    if ratio - 1 > wide:
+        return COSTS
+    if 1 - ratio > wide:
+        return FASTER
+    return WITHIN_AA.format(100 * floor) if floor is not None and floor > half else CANNOT
+
+
+def pct(ratio: float, half: float) -> str:
+    """``+0.02% ± 0.10%`` (the 95% interval), or ``n/a``."""
+    if math.isnan(ratio):
+        return "n/a"
+    return f"{100 * (ratio - 1):+.2f}%" + ("" if math.isnan(half) else f" ± {100 * half:.2f}%")
+
+
+def band(triple: list[float] | None, is_base: bool = False) -> str:
+    """A cross-process ratio with its 95% interval, or why the run cannot say."""
     if is_base:
         return "1 (base)"
-    if not pair or math.isnan(pair[0]) or math.isnan(pair[1]):
-        return "n/a (needs 2 rounds)"
-    return f"{pair[0]:.4f} ± {2 * pair[1]:.4f}"
+    if not triple or math.isnan(triple[0]):
+        return "n/a"
+    half = half_width(triple[1], int(triple[2]))
+    return f"{triple[0]:.4f}" + ("" if math.isnan(half) else f" ± {half:.4f}")
 
 
 def case_line(record: dict[str, Any]) -> str:
@@ -28,11 +72,14 @@ def case_line(record: dict[str, Any]) -> str:
             "shim arm is a no-op, and every arm must give upstream's tokens")
 
 
-def header(record: dict[str, Any]) -> list[str]:
-    env, summary = record["env"], record["summary"]
+def freetoken_of(record: dict[str, Any]) -> str:
     first = next((r for rs in record["runs"].values() for r in rs if "freetoken" in r), {})
-    ft = first.get("freetoken", "?") + ("; patched arm: patches/ applied"
-                                        if any(arm in PATCHED_ARMS for arm in summary) else "")
+    return first.get("freetoken", "?")
+
+
+def header(record: dict[str, Any]) -> list[str]:
+    env, arms = record["env"], record["summary"]["arms"]
+    ft = freetoken_of(record) + ("; patched arm: patches/ applied" if any(a in PATCHED_ARMS for a in arms) else "")
     return [f"{env['gpu']} | driver {env['driver']} | torch {env['torch']} | freetoken {ft} | {env['date']}",
             f"model: {record['model']}" + (f"; FreeToken options: {' '.join(record['ft_args'])}"
                                            if record["ft_args"] else ""),
@@ -42,183 +89,330 @@ def header(record: dict[str, Any]) -> list[str]:
             f"case: {case_line(record)}"]
 
 
-METRICS = (("copies", "the graph replayed from an idle GPU over never-uploaded copies of it in its own process"),
-           ("graph", "GPU time of the graph step in the decode loop"), ("step", "GPU time per decode step"),
-           ("replay", "GPU time of the graph replayed from an idle GPU"))
+# ---------------------------------------------------------------- inside one process
+
+def loop_parts(figures: dict[str, dict[str, Any]], metric: str) -> tuple[list[str], list[str]]:
+    parts, verdicts = [], []
+    for bs, f in figures.get(metric, {}).items():
+        spread = ""
+        if f["processes"] > 1:
+            lo, hi = min(f["per_process"]), max(f["per_process"])
+            spread = f" (processes {100 * (lo - 1):+.2f}..{100 * (hi - 1):+.2f}%)"
+        parts.append(f"bs {bs} {pct(f['ratio'], f['half'])}{spread}")
+        verdicts.append(judged(f["ratio"], f["half"]))
+    return parts, verdicts
 
 
-VERDICTS = ("COSTS this GPU", "FASTER on this GPU",
-            "no cost this run can resolve (95% interval wider than ±0.5%: more --rounds)",
-            "no cost beyond ±0.5% (95% interval within it)")  # most telling first
+def worst(verdicts: list[str]) -> str:
+    """The line's verdict over its batch sizes: a cost or a speed-up anywhere first, then the weakest."""
+    order = (COSTS, FASTER, CANNOT)
+    return next((v for v in order if v in verdicts), next((v for v in verdicts if v != NO_COST), NO_COST))
 
 
-def judged(ratio: float, se: float, samples: int) -> int:
-    """What a ratio to never-uploaded graphs means (an index into ``VERDICTS``), on its 95% interval
-    from ``samples`` values (Student's t). An interval inside ±0.5% is no cost, even when it excludes
-    1: #775's regression is 1-2%, and a resolved +0.03% is not one. No band resolves nothing."""
-    half = t975(samples) * se
-    if abs(ratio - 1) + half <= RESOLUTION:
-        return 3
-    return 0 if ratio - 1 > half else 1 if 1 - ratio > half else 2
+def in_loop_lines(summary: dict[str, Any]) -> list[str]:
+    """The headline: the upload inside one process's decode loop, then each arm's own graph there."""
+    up = summary["upload_in_loop"]
+    if not up:
+        return ["the upload in the decode loop, same graph, same process: not measured (--copies 0, or a record "
+                "from before the decode loop launched copies)"]
+    first = next(iter(next(iter(up.values())).values()))
+    lines = [f"the upload in the decode loop, same graph, same process ({first['copies']} uploaded and as many "
+             f"never-uploaded copies of each engine graph, launched in turn with it step by step, {first['processes']} "
+             "processes; ± the 95% interval over steps, copies and processes):"]
+    for metric, _, what in LOOP_METRICS:
+        parts, verdicts = loop_parts(up, metric)
+        if parts:
+            lines.append(f"  {what}: {', '.join(parts)}: {worst(verdicts)}")
+    for arm, s in summary["arms"].items():
+        own = s["own_in_loop"]
+        if not own:
+            continue
+        what = "uploaded at capture" if arm in ("upstream", "upload") else "as the arm leaves it"
+        parts = []
+        verdicts = []
+        for metric, _, _ in LOOP_METRICS:
+            p, v = loop_parts(own, metric)
+            if p:
+                parts.append(f"{SHORT[metric]} {', '.join(p)}")
+                verdicts += v
+        lines.append(f"  {arm}'s own graph ({what}) over its never-uploaded copies: {'; '.join(parts)}: "
+                     f"{worst(verdicts)}")
+    return lines
 
 
-def copies_lines(record: dict[str, Any]) -> list[str]:
-    """The upload measured inside each process: its copies of each engine graph, uploaded against never
-    uploaded, over every process of the run (each process one sample)."""
-    copies = record.get("upload_copies", {})
-    if not copies:
-        return ["the upload itself, same graph, same process: not measured (--copies 0, or no run timed its graphs)"]
-    parts = [f"bs {bs} {100 * (r - 1):+.2f}% ± {200 * se:.2f}%" if not math.isnan(se) else f"bs {bs} n/a"
-             for bs, (r, se, _, _) in copies.items()]
-    tail = VERDICTS[min(judged(r, se, n) for r, se, n, _ in copies.values())]
-    _, _, processes, each = next(iter(copies.values()))
-    return [f"the upload itself, same graph, same process ({each} uploaded and as many never-uploaded copies of "
-            f"each engine graph, {processes} processes): {', '.join(parts)}: {tail}"]
+# ---------------------------------------------------------------- the kernel timeline
+
+def rng(triple: list[float] | None, fmt: str) -> str:
+    if not triple:
+        return "-"
+    med, lo, hi = triple
+    return format(med, fmt) + ("" if lo == hi else f" [{format(lo, fmt)}-{format(hi, fmt)}]")
 
 
-def graph_ms(s: dict[str, Any], bs: str) -> float:
-    """An arm's graph step in the decode loop at ``bs``: the median of its rounds' medians (nan: none)."""
-    rounds = [x for x in s["graph_rounds"].get(bs, []) if x]
-    return statistics.median(rounds) if rounds else math.nan
+def timeline_lines(summary: dict[str, Any]) -> list[str]:
+    """Per arm and bs, from its traced processes (median [range] over them): kernels per decode step
+    (the graph's), GPU busy µs per step, streams, and the median gap per stream of the graph."""
+    lines = ["kernel timeline (traced runs, Kineto/CUPTI; median [range] over an arm's traced processes): per "
+             "decode step, kernels (the graph's) and GPU busy µs (union of kernel intervals); median gap µs between "
+             "consecutive kernels on each stream of the graph (s1: most kernels)"]
+    for arm, s in summary["arms"].items():
+        t = s["timeline"]
+        sizes = [bs for bs in t if bs.isdigit()]
+        if not sizes:
+            lines.append(f"{arm:14} {t.get('note') or 'not traced'}")
+        for bs in sizes:
+            f = t[bs]
+            gaps = " ".join(f"{name} {rng(g, '.3f')}" for name, g in f["gap_us"].items())
+            lines.append(f"{arm:14} bs {bs}: {t['processes']} process(es), kernels {rng(f['step_kernels'], '.0f')} "
+                         f"({rng(f['graph_kernels'], '.0f')}), busy {rng(f['busy_us'], '.1f')} µs, "
+                         f"{rng(f['streams'], '.0f')} streams, gap {gaps}")
+    return lines
+
+
+# ---------------------------------------------------------------- host modes and the A/A control
+
+def mode_name(k: int | None) -> str:
+    return "-" if k is None else chr(ord("A") + k)
+
+
+def host_mode_lines(summary: dict[str, Any]) -> list[str]:
+    """Which process was in which host mode, per phase (bs), with its host and GPU ms per step."""
+    bounds = summary["host_modes"]
+    several = {bs: b for bs, b in bounds.items() if len(b) > 1}
+    cut = "; ".join(f"bs {bs}: " + " | ".join(f"{mode_name(i)} < {b:.3f} ms" for i, b in enumerate(bd[:-1]))
+                    for bs, bd in several.items())
+    lines = ["host modes (median host ms per decode step of each process and phase; processes compare across arms "
+             "only within a mode): " + (f"several: {cut}" if several else "one per phase")]
+    for arm, s in summary["arms"].items():
+        for row in s["processes"]:
+            parts = [f"bs {bs} host {host:.3f} / GPU {row['step'].get(bs, math.nan):.3f} ms "
+                     f"{mode_name(row['mode'].get(bs))}" for bs, host in row["host_ms"].items()]
+            lines.append(f"  {arm} round {row['round']}: " + ", ".join(parts))
+    return lines
+
+
+def aa_floor(summary: dict[str, Any], name: str, bs: str) -> float | None:
+    """How far the A/A control's two identical arms came apart in ``name`` at ``bs``, with its band: no
+    cross-process figure may claim to resolve less. ``None`` where the run has no such figure."""
+    triple = summary["aa"]["figures"].get(name, {}).get(bs)
+    if not triple or math.isnan(triple[0]):
+        return None
+    half = half_width(triple[1], int(triple[2]))
+    return abs(triple[0] - 1) + (0.0 if math.isnan(half) else half)
+
+
+def no_aa_reason(summary: dict[str, Any], wait_case: bool) -> str:
+    if summary["aa"]["pair"]:
+        a, b = summary["aa"]["pair"]
+        return f"{a} and {b} share no host mode here, or ran one round"
+    return "add --arms " + ("pre-697 skip, or auto deferred" if wait_case else "pre-697 auto")
+
+
+def aa_lines(record: dict[str, Any]) -> list[str]:
+    summary = record["summary"]
+    pair = summary["aa"]["pair"]
+    if not pair:
+        return [f"A/A control: none ({no_aa_reason(summary, record['wait_case'])}: two arms that run the same "
+                "never-uploaded graphs); no cross-process figure is judged"]
+    a, b = pair
+    parts = []
+    for name, _, what in CROSS:
+        got = [f"bs {bs} {pct(t[0], half_width(t[1], int(t[2])))}" for bs, t in summary["aa"]["figures"][name].items()]
+        parts.append(f"{what}: {', '.join(got)}")
+    return [f"A/A control ({b} over {a}: the same never-uploaded graphs, so any difference is the processes'): "
+            + "; ".join(parts) + ": the run's noise floor for every cross-process figure"]
+
+
+# ---------------------------------------------------------------- across processes
+
+def cross_verdicts(record: dict[str, Any]) -> tuple[list[str], dict[tuple[str, str, str], str]]:
+    """Per compared arm, the decode loop's figures across processes (within host modes, against the
+    A/A floor); and each verdict by (arm, figure, bs), for the diagnostics to be held against."""
+    summary = record["summary"]
+    lines: list[str] = []
+    by: dict[tuple[str, str, str], str] = {}
+    base = summary["base"]
+    for arm in compared(summary):
+        for name, _, what in CROSS[:2]:
+            parts, verdicts = [], []
+            for bs, t in summary["arms"][arm]["cross"].get(name, {}).items():
+                half = half_width(t[1], int(t[2]))
+                floor = aa_floor(summary, name, bs)
+                v = NO_AA.format(no_aa_reason(summary, record["wait_case"])) if floor is None else \
+                    judged(t[0], half, floor)
+                parts.append(f"bs {bs} {pct(t[0], half)}")
+                verdicts.append(v)
+                by[arm, name, bs] = v
+            if parts:
+                lines.append(f"{arm} vs never uploaded ({base}), across processes within host modes, {what}: "
+                             f"{', '.join(parts)}: {worst(verdicts)}")
+    return lines, by
 
 
 def host_bound(summary: dict[str, Any]) -> list[str]:
     """Where the graph step takes much less GPU time than the decode step around it, the GPU waits for
-    the host between graphs: there the step's GPU time and tok/s follow the host (the scheduler), and
-    only the graph step measures the graph."""
+    the host between graphs: there the step's GPU time and tok/s follow the host (the scheduler)."""
     out = []
-    for arm, s in summary.items():
+    for arm, s in summary["arms"].items():
         for bs, q in s["step_gpu_ms"].items():
-            graph = graph_ms(s, bs)
+            graph = s["graph_ms"].get(bs, math.nan)
             if q.get("median") and graph < 0.9 * q["median"]:
                 out.append(f"{arm} bs {bs}: the graph step takes {100 * graph / q['median']:.0f}% "
                            "of the decode step's GPU time (host-bound: the step's GPU time and tok/s follow the host)")
     return out
 
 
-def paired_rounds(summary: dict[str, Any], arm: str, key: str, bs: str) -> int:
-    """How many rounds gave both ``arm`` and the base arm a figure: the samples of that ratio's band."""
-    base = summary[summary[arm]["base"]][f"{key}_rounds"].get(bs, [])
-    return len(paired(summary[arm][f"{key}_rounds"].get(bs, []), base))
+# ---------------------------------------------------------------- diagnostics from idle
+
+def held_against(idle: str, in_loop: str | None) -> str:
+    """A diagnostic's verdict never claims a cost or a speed-up the decode loop does not show."""
+    if idle in (COSTS, FASTER) and in_loop is not None and in_loop != idle:
+        return IDLE_ONLY.format(in_loop)
+    return idle
 
 
-def verdict(summary: dict[str, Any]) -> list[str]:
-    """Per compared arm and bs: the ratio to the never-uploaded arm with its band (2 SE), and what it
-    means, judged on the 95% interval of a standard error from that few rounds (Student's t: 4.3 SE
-    at three rounds). Two never-uploaded arms came out 1.0% apart with a 2-SE band of 0.8% over three
-    rounds on the H200: 2 SE from a handful of processes is not a 95% interval."""
-    lines = []
-    for arm in [a for a in ("upstream", "auto", "patched") if a in summary and a != summary[a]["base"]]:
-        for key, what in METRICS:
-            parts, tails = [], []
-            for bs, pair in summary[arm][f"{key}_vs_never_uploaded"].items():
-                parts.append(f"bs {bs} n/a" if math.isnan(pair[1]) else
-                             f"bs {bs} {100 * (pair[0] - 1):+.2f}% ± {200 * pair[1]:.2f}%")
-                tails.append(judged(*pair, paired_rounds(summary, arm, key, bs)))
-            if not parts:
-                continue
-            tail = VERDICTS[min(tails)]
-            lines.append(f"{arm} vs never uploaded ({summary[arm]['base']}), {what}: {', '.join(parts)}: {tail}")
+def compared(summary: dict[str, Any]) -> list[str]:
+    """The arms held against the never-uploaded base across processes: not the base, nor the A/A
+    control's other arm (that pair is the noise floor, not a finding)."""
+    base, pair = summary["base"], set(summary["aa"]["pair"] or ())
+    return [a for a in ("upstream", "auto", "patched") if a in summary["arms"] and a != base and {a, base} != pair]
+
+
+def diagnostic_lines(record: dict[str, Any], loop_by: dict[tuple[str, str, str], str]) -> list[str]:
+    summary = record["summary"]
+    lines = ["diagnostics, from an idle GPU after the workload (never a verdict on their own):"]
+    base = summary["base"]
+    for arm in compared(summary):
+        parts, verdicts = [], []
+        for bs, t in summary["arms"][arm]["cross"].get("replay", {}).items():
+            half = half_width(t[1], int(t[2]))
+            floor = aa_floor(summary, "replay", bs)
+            v = NO_AA.format(no_aa_reason(summary, record["wait_case"])) if floor is None else \
+                judged(t[0], half, floor)
+            parts.append(f"bs {bs} {pct(t[0], half)}")
+            verdicts.append(held_against(v, loop_by.get((arm, "graph", bs))))
+        if parts:
+            lines.append(f"  {arm} vs never uploaded ({base}), the graph replayed back to back, across processes: "
+                         f"{', '.join(parts)}: {worst(verdicts)}")
+    for arm, s in summary["arms"].items():
+        own = s["own_idle"]
+        if not own:
+            continue
+        loop_launch = {bs: judged(f["ratio"], f["half"]) for bs, f in s["own_in_loop"].get("launch", {}).items()}
+        parts, verdicts = [], []
+        for bs, (ratio, se, n) in own.items():
+            half = half_width(se, int(n) - 1)
+            parts.append(f"bs {bs} {pct(ratio, half)}")
+            verdicts.append(held_against(judged(ratio, half), loop_launch.get(bs)))
+        lines.append(f"  {arm}'s own graph over its never-uploaded copies, replayed back to back: {', '.join(parts)}: "
+                     f"{worst(verdicts)}")
+    idle = summary["upload_idle"]
+    if idle:
+        loop_launch = {bs: judged(f["ratio"], f["half"])
+                       for bs, f in summary["upload_in_loop"].get("launch", {}).items()}
+        parts, verdicts = [], []
+        for bs, (ratio, se, n, _) in idle.items():
+            half = half_width(se, int(n) - 1)
+            parts.append(f"bs {bs} {pct(ratio, half)}")
+            verdicts.append(held_against(judged(ratio, half), loop_launch.get(bs)))
+        _, _, processes, each = next(iter(idle.values()))
+        lines.append(f"  the upload itself, replayed back to back ({each} uploaded and as many never-uploaded copies, "
+                     f"{processes} processes): {', '.join(parts)}: {worst(verdicts)}")
     return lines
 
 
-def render(record: dict[str, Any]) -> str:
-    summary = record["summary"]
-    lines = [*header(record),
-             f"{'arm':14} {'fires':>5} {'1st launch ms':>14} {'upload ms/graph':>15} {'capture ms':>10} "
-             f"{'free MiB':>9} {'1st-launch MiB':>14} {'tokens':>17} {'distinct':>8}"]
-    for arm, s in summary.items():
+# ---------------------------------------------------------------- the whole report
+
+def arm_table(summary: dict[str, Any]) -> list[str]:
+    lines = [f"{'arm':14} {'fires':>5} {'1st launch ms':>14} {'upload ms/graph':>15} {'capture ms':>10} "
+             f"{'free MiB':>9} {'1st-launch MiB':>14} {'tokens':>17} {'distinct':>8} {'copies':>6}"]
+    for arm, s in summary["arms"].items():
         tokens = ",".join(s["hashes"]) + ("" if arm == s["reference"] or s["same_tokens_as_reference"] else " DIFF")
         mib = " ".join(f"{v:.0f}" for v in s["first_launch_mib"].values())
         lines.append(f"{arm:14} {s['fires']:>5} {fmt_ms(s['first_launch_ms']):>14} {s['upload_ms_per_graph']:>15.2f} "
                      f"{s['capture_ms']:>10.1f} {s['free_mib_after_capture']:>9.0f} {mib:>14} {tokens:>17} "
-                     f"{s['distinct_tokens'] if s['distinct_tokens'] is not None else '-':>8}")
+                     f"{s['distinct_tokens'] if s['distinct_tokens'] is not None else '-':>8} "
+                     f"{s['copies_tokens'] or '-':>6}")
         lines += [f"{'':15}! {e}" for e in s["errors"]]
-    lines.append("free MiB: free GPU memory after capture; 1st-launch MiB: taken by each graph's first launch "
-                 "(bs 2, bs 1)")
-    base = next(iter(summary.values()), {}).get("base")
-    lines.append("GPU ms per decode step (CUDA events around forward_batch, warm graph steps) and tok/s (bs x 1000 / "
-                 "ms); graph step: events around GraphRunner.replay in the same steps (its input copies and the "
-                 "graph); replay: the graph alone from an idle GPU after the workload; copies: the same, over "
-                 "never-uploaded copies of the graph in the same process (the process's own speed divides out); "
-                 + (f"ratios to {base} ± 2 SE over rounds (verdicts: the 95% interval, Student's t)" if base else
-                    "no never-uploaded arm, so no ratios (add --arms pre-697)"))
+    lines.append("free MiB: free GPU memory after capture; 1st-launch MiB: taken by each graph's first launch; "
+                 "copies: the decode loop with copies gave the tokens of the arm's traced run (its own graphs only)")
+    return lines
+
+
+def cross_table(summary: dict[str, Any]) -> list[str]:
+    base = summary["base"]
+    lines = ["across processes, the arm's own graph steps (CUDA events around forward_batch, and around "
+             "GraphRunner.replay for the graph step), ratios to " + (f"{base} within host modes ± the 95% interval"
+                                                                     if base else "none: no never-uploaded arm")]
     lines.append(f"{'arm':14} {'bs':>3} {'step ms':>9} {'tok/s':>8} {'step / never':>17} {'graph ms':>9} "
-                 f"{'graph / never':>17} {'replay / never':>17} {'copies / never':>17}")
-    for arm, s in summary.items():
+                 f"{'graph / never':>17} {'idle / never':>17}")
+    for arm, s in summary["arms"].items():
         for bs, q in s["step_gpu_ms"].items():
+            cells = [band(s["cross"].get(name, {}).get(bs), arm == base) for name in ("step", "graph", "replay")]
             lines.append(f"{arm:14} {bs:>3} {q.get('median', math.nan):9.4f} {s['tok_s'].get(bs, math.nan):8.1f} "
-                         f"{band(s['step_vs_never_uploaded'].get(bs), arm == base):>17} {graph_ms(s, bs):9.4f} "
-                         + " ".join(f"{band(s[f'{key}_vs_never_uploaded'].get(bs), arm == base):>17}"
-                                    for key in ("graph", "replay", "copies")))
-    lines += timeline_lines(summary)
-    lines += host_bound(summary)
-    lines += verdict(summary)
-    lines += copies_lines(record)
+                         f"{cells[0]:>17} {s['graph_ms'].get(bs, math.nan):9.4f} {cells[1]:>17} {cells[2]:>17}")
+    return lines
+
+
+def safety_lines(record: dict[str, Any]) -> list[str]:
+    summary = record["summary"]["arms"]
+    lines = []
     controls = [a for a, s in summary.items() if not s["protected"]]
     if controls:
         lines.append("negative control (never uploaded): " + ", ".join(
             f"{a} {'BLOCKED (watchdog fired)' if summary[a]['fires'] else 'never blocked at this size'}"
             for a in controls))
     bad = failures(record)
-    reference = next(iter(summary.values()), {}).get("reference", "upstream")
+    reference = record["summary"]["reference"]
     lines.append("safety: " + (f"every protected arm: no blocked launch, {reference}'s tokens" if not bad else
                                "FAILED: " + "; ".join(bad)))
-    return "\n".join(lines)
-
-
-def timeline_lines(summary: dict[str, Any]) -> list[str]:
-    """The traced run's kernel timeline per arm and bs: kernels per decode step (the graph's), GPU busy
-    time per step, and the median gap per stream of the decode graph (s1: most kernels)."""
-    lines = ["kernel timeline (traced run, Kineto/CUPTI): per decode step, kernels (graph's) and GPU busy µs "
-             "(union of kernel intervals); median gap µs between consecutive kernels per stream of the graph"]
-    for arm, s in summary.items():
-        t = s["timeline"]
-        sizes = [bs for bs in t if bs != "note"]
-        if not sizes:
-            lines.append(f"{arm:14} {t.get('note', 'not traced')}")
-        for bs in sizes:
-            f = t[bs]
-            gaps = " ".join(f"{name} {g['median']:.3f}" for name, g in f["gap_us"].items())
-            kernels = f"{f['step_kernels']:.0f} ({f['graph_kernels']:.0f})" if f["step_kernels"] else \
-                f"({f['graph_kernels']:.0f})"
-            busy = f"{f['busy_us']:.1f}" if f["busy_us"] else "-"
-            lines.append(f"{arm:14} bs {bs}: kernels {kernels}, busy {busy} µs, {f['streams']:.0f} streams, "
-                         f"gap {gaps}")
     return lines
 
 
+def render(record: dict[str, Any]) -> str:
+    summary = record["summary"]
+    cross_lines, loop_by = cross_verdicts(record)
+    lines = [*header(record), *arm_table(summary), *in_loop_lines(summary), *timeline_lines(summary),
+             *host_mode_lines(summary), *cross_table(summary), *aa_lines(record), *cross_lines,
+             *host_bound(summary), *diagnostic_lines(record, loop_by), *safety_lines(record)]
+    return "\n".join(lines)
+
+
 def markdown(records: list[dict[str, Any]]) -> str:
-    """The report in #775's shape, one section per model: the environment and command, "GPU ms per
-    decode step | tok/s" per build, the ratios with their bands, then the kernel-timeline bullets."""
+    """The report in #775's shape, one section per model: the environment and command, the upload in
+    the decode loop, "GPU ms per decode step | tok/s" per build, the kernel-timeline bullets, then
+    the cross-process verdicts, the diagnostics and the safety line."""
     out = []
     for record in records:
         env, summary = record["env"], record["summary"]
-        first = next((r for rs in record["runs"].values() for r in rs if "freetoken" in r), {})
+        cross_lines, loop_by = cross_verdicts(record)
         out += [f"### freetoken-graphfix bench --engine: {record['label']}", "", "| | |", "|---|---|",
                 *(f"| {k} | {v} |" for k, v in (
                     ("GPU", env["gpu"]), ("driver", env["driver"]), ("torch", env["torch"]),
-                    ("FreeToken", first.get("freetoken", "?")), ("model", record["model"]),
+                    ("FreeToken", freetoken_of(record)), ("model", record["model"]),
                     ("workload", f"{record['context']}-token context, greedy, {record['decode_steps']} decode steps, "
                                  f"bs 2 then bs 1, {record['rounds']} rounds"),
                     ("date", env["date"]), ("command", f"`{record['command']}`"))),
-                "", f"Case: {case_line(record)}.", "",
-                "| build | bs | GPU ms per decode step | tok/s | vs never uploaded (± 2 SE) | graph step vs never "
-                "uploaded | graph replayed from idle vs never uploaded | the same, over never-uploaded copies in its "
-                "process |", "|---|---|---|---|---|---|---|---|"]
-        for arm, s in summary.items():
+                "", f"Case: {case_line(record)}.", ""]
+        out += [f"**{line.strip()}**" if i == 0 else f"- {line.strip()}"
+                for i, line in enumerate(in_loop_lines(summary))]
+        out += ["", "| build | bs | GPU ms per decode step | tok/s | vs never uploaded, within host modes (95%) | "
+                "graph step vs never uploaded | replayed from idle vs never uploaded (diagnostic) |",
+                "|---|---|---|---|---|---|---|"]
+        for arm, s in summary["arms"].items():
             for bs, q in s["step_gpu_ms"].items():
+                cells = [band(s["cross"].get(name, {}).get(bs), arm == summary["base"])
+                         for name in ("step", "graph", "replay")]
                 out.append(f"| {arm} | {bs} | {q.get('median', math.nan):.3f} | {s['tok_s'].get(bs, math.nan):.1f} | "
-                           + " | ".join(band(s[f"{key}_vs_never_uploaded"].get(bs), arm == s["base"])
-                                        for key in ("step", "graph", "replay", "copies")) + " |")
+                           + " | ".join(cells) + " |")
         out.append("")
-        out += [f"- {line}" for line in timeline_lines(summary)]
+        out += [f"- {line.strip()}" for line in timeline_lines(summary)]
+        out += [f"- {line.strip()}" for line in host_mode_lines(summary)]
         out += [f"- free GPU memory after capture, {arm}: {s['free_mib_after_capture']:.0f} MiB; taken by the first "
                 f"launch: " + ", ".join(f"bs {bs} {v:.0f} MiB" for bs, v in s["first_launch_mib"].items())
-                for arm, s in summary.items()]
+                for arm, s in summary["arms"].items()]
         out += [f"- {line}" for line in host_bound(summary)]
-        out += [f"- **{line}**" for line in (*verdict(summary), *copies_lines(record))]
-        bad = failures(record)
-        out += [f"- safety: {'every protected arm: no blocked launch, the same tokens' if not bad else '; '.join(bad)}",
-                ""]
+        out += [f"- **{line}**" for line in (*aa_lines(record), *cross_lines)]
+        out += [f"- {line.strip()}" for line in diagnostic_lines(record, loop_by)]
+        out += [f"- {line}" for line in safety_lines(record)] + [""]
     return "\n".join(out)

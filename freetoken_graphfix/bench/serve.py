@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .arms import PATCHED_ARMS, SHIM_ARMS, arm_env, patched_freetoken
 from .common import Case, environment, seconds
-from .engine import PATCHED_ARMS, SHIM_ARMS, arm_env, patched_freetoken
 from .workload import PAIR, SINGLE, build, load_tokenizer, read_text
 
 ARMS = ("upstream", *SHIM_ARMS, *PATCHED_ARMS)
@@ -341,12 +341,16 @@ def serve_record(case: Case, opts: argparse.Namespace, log_dir: str) -> dict[str
         with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
             list(pool.map(one, [a for a in opts.arms if a not in runs]))
     runs = {arm: runs[arm] for arm in opts.arms}
-    reference = runs.get("upstream")
-    wait_case = wait_case_of(runs, case.target.expects_wait)
     return {"model": case.target.describe(), "label": case.label, "ft_args": ft_args, "context": opts.context,
             "decode_steps": opts.decode_steps, "jobs": opts.jobs, "env": environment(), "runs": runs,
-            "wait_case": wait_case,
-            "problems": {arm: problems(rec, reference, wait_case) for arm, rec in runs.items()}}
+            "expects_wait": case.target.expects_wait, **judge(runs, case.target.expects_wait)}
+
+
+def judge(runs: dict[str, dict[str, Any]], expects_wait: bool) -> dict[str, Any]:
+    """The record's verdict part from its raw runs alone (a saved record can be judged again)."""
+    wait_case = wait_case_of(runs, expects_wait)
+    reference = runs.get("upstream")
+    return {"wait_case": wait_case, "problems": {arm: problems(rec, reference, wait_case) for arm, rec in runs.items()}}
 
 
 def add_arguments(group: Any) -> None:

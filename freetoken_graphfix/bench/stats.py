@@ -50,26 +50,32 @@ def mode_of(value: float, bounds: list[float]) -> int:
 
 
 def ratio(arm: list[float], base: list[float], bounds: list[float]) -> tuple[float, float]:
-    """``mean(arm) / mean(base)`` over instance medians, within modes, and its relative standard error.
-
-    Each mode holding instances of both compares them there; the modes' log-ratios are weighted by
-    their inverse variance, from the relative spread of instances within their mode, pooled over
-    modes and both arms (identically placed instances differ by that much). ``(nan, nan)`` when no
-    mode holds two instances of one and one of the other."""
+    """``mean(arm) / mean(base)`` over instance medians, within the modes ``bounds`` draws, and its
+    relative standard error (``grouped_ratio``)."""
     groups = [([a for a in arm if mode_of(a, bounds) == k], [b for b in base if mode_of(b, bounds) == k])
               for k in range(len(bounds))]
+    return grouped_ratio(groups)[:2]
+
+
+def grouped_ratio(groups: list[tuple[list[float], list[float]]]) -> tuple[float, float, int]:
+    """``mean(arm) / mean(base)`` compared within each group (a mode) holding both, its relative
+    standard error and degrees of freedom.
+
+    The groups' log-ratios are weighted by their inverse variance, from the relative spread of the
+    values within their group, pooled over groups and both arms (identically treated units differ by
+    that much). ``(nan, nan, 0)`` when no group holds two values of one and one of the other."""
     shared = [(a, b) for a, b in groups if a and b]
     deviations = [x / statistics.fmean(g) - 1 for pair in shared for g in pair for x in g]
     dof = len(deviations) - 2 * len(shared)
     if not shared or dof < 1:
-        return math.nan, math.nan
+        return math.nan, math.nan, 0
     spread = math.sqrt(sum(d * d for d in deviations) / dof)
     if spread == 0:
         spread = 1e-12
     weights = [1 / (spread**2 * (1 / len(a) + 1 / len(b))) for a, b in shared]
     log_ratio = sum(w * math.log(statistics.fmean(a) / statistics.fmean(b))
                     for w, (a, b) in zip(weights, shared, strict=True)) / sum(weights)
-    return math.exp(log_ratio), 1 / math.sqrt(sum(weights))
+    return math.exp(log_ratio), 1 / math.sqrt(sum(weights)), dof
 
 
 def membership(medians: list[float], bounds: list[float]) -> list[int]:
@@ -166,19 +172,6 @@ def verdict(table: list[dict[str, Any]]) -> str:
             "no cost this run can resolve (its band is wider than 0.5%: run with more --instances)" if wide else
             "no measurable cost on this GPU")
     return f"verdict: upload vs never uploaded (skip) replay: {parts} (± 2 standard errors over instances): {tail}"
-
-
-def paired(arm: list[float | None], base: list[float | None]) -> list[tuple[float, float]]:
-    """The rounds where both arms have a figure, as (arm, base): the samples of a paired ratio."""
-    return [(a, b) for a, b in zip(arm, base, strict=False) if a and b]
-
-
-def paired_ratio(arm: list[float | None], base: list[float | None]) -> tuple[float, float]:
-    """``arm / base`` over rounds of separate processes, each round paired with itself (the arms of a
-    round run back to back in rotated order, so drift between rounds cancels): the geometric mean of
-    the per-round ratios and its relative standard error over rounds. ``(nan, nan)`` with fewer than
-    two rounds where both arms have a figure: a band needs at least two."""
-    return geometric_mean([a / b for a, b in paired(arm, base)])
 
 
 def geometric_mean(ratios: list[float]) -> tuple[float, float]:

@@ -1,0 +1,105 @@
+"""The upload measured inside the decode loop of one engine process, free of process noise.
+
+Each timed engine process (``_engine_child.py``) launches, step by step, its graph's own executable
+and fresh copies of the same graph, as many uploaded as never uploaded, in the engine's own slot:
+the same kernels on the same memory with the same inputs, the WAIT released by the step's own fill.
+A cycle holds one launch of each executable, a few steps apart, laid out so that each kind sits
+at the same mean position (``loop_schedule``), so whatever moves the process's speed (its host
+mode, the context growing a token a step) is shared by neighbouring launches and divides out: each
+launch is taken relative to the mean of the cycle's length of launches around it. Each executable's
+median over its launches is one sample, so a band counts both the steps' noise and how far
+separately instantiated executables of one graph run apart.
+
+What it cannot see: every launch here follows another executable, while the engine relaunches its
+own graph after itself, and on the H200 a relaunch ran faster (1% on a 16-layer llama's graph,
+11-13% on the 48-layer qwen4_exp's, where the WAIT ties the step to the host). An effect of the
+upload that shows only on relaunch is left to the cross-process figures.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from .stats import t975
+
+METRICS = (("step", "step_gpu_ms", "GPU time per decode step"),
+           ("launch", "launch_gpu_ms", "GPU time of the graph launch"))
+
+
+def executable_means(times: list[float], labels: list[str]) -> tuple[dict[str, float], int]:
+    """Per executable, the median of its launches' log-times, each relative to the mean of the cycle's
+    length of launches centred on it (with the schedule's fixed order that window holds every
+    executable once, and a drift linear over it drops out exactly), and the number of whole cycles.
+    A launch without a whole window around it (at either end) is left out; the median outvotes the
+    few launches around a host mode switch."""
+    width = len(set(labels))
+    half = width // 2
+    logs = [math.log(t) if t > 0 else math.nan for t in times]
+    rel: dict[str, list[float]] = {}
+    for k in range(half, len(logs) - half):
+        window = logs[k - half:k + half + 1]
+        if not any(math.isnan(v) for v in window):
+            rel.setdefault(labels[k], []).append(logs[k] - statistics.fmean(window))
+    return {label: statistics.median(v) for label, v in rel.items()}, len(labels) // width
+
+
+def process_effect(r: dict[str, Any], key: str, bs: str) -> dict[str, Any] | None:
+    """One process's figures at ``bs``: uploaded copies over never-uploaded ones (``upload``) and its
+    own graph over the never-uploaded copies (``own``), as log-ratios, with the squared deviations of
+    the copies from their kind's mean and their degrees of freedom (the spread their band comes
+    from). ``None`` where the process ran no copies in the loop (an older record, ``--copies 0``)."""
+    labels, times = r.get("step_exec", {}).get(bs), r.get(key, {}).get(bs)
+    if not labels or not times or len(labels) != len(times):
+        return None
+    means, cycles = executable_means(times, labels)
+    up = [v for label, v in means.items() if label.startswith("uploaded")]
+    never = [v for label, v in means.items() if label.startswith("never")]
+    if not up or not never or "own" not in means:
+        return None
+    ss = sum((v - statistics.fmean(g)) ** 2 for g in (up, never) for v in g)
+    return {"upload": statistics.fmean(up) - statistics.fmean(never), "own": means["own"] - statistics.fmean(never),
+            "ss": ss, "df": len(up) + len(never) - 2, "uploaded": len(up), "never": len(never), "cycles": cycles}
+
+
+def combine(effects: list[dict[str, Any]], which: str) -> dict[str, Any] | None:
+    """``which`` (``upload`` or ``own``) over processes: the ratio (geometric mean over processes), its
+    relative standard error from the copies' spread pooled over every process (steps and placement),
+    the standard error over processes, and the 95% half-width the verdict uses: the widest of the
+    pooled interval, the interval over processes (from three on: from two, Student's t of 12.7 would
+    swamp any figure) and the farthest any process's own figure lies from the mean, so the interval
+    always covers each process. ``None`` without a process."""
+    if not effects:
+        return None
+    n = len(effects)
+    logs = [e[which] for e in effects]
+    df = sum(e["df"] for e in effects)
+    spread2 = sum(e["ss"] for e in effects) / df if df else math.nan
+    per = [(1 / e["uploaded"] if which == "upload" else 1.0) + 1 / e["never"] for e in effects]
+    se = math.sqrt(spread2 * sum(per)) / n if df else math.nan
+    se_processes = statistics.stdev(logs) / math.sqrt(n) if n > 1 else math.nan
+    mean = statistics.fmean(logs)
+    halves = [h for h in (t975(df + 1) * se, t975(n) * se_processes if n >= 3 else math.nan,
+                          max(abs(x - mean) for x in logs)) if not math.isnan(h)]
+    return {"ratio": math.exp(mean), "se": se, "df": df, "se_processes": se_processes,
+            "half": max(halves) if halves else math.nan, "processes": n,
+            "per_process": [math.exp(x) for x in logs], "copies": min(e["never"] for e in effects),
+            "cycles": sum(e["cycles"] for e in effects)}
+
+
+def sizes(runs: list[dict[str, Any]]) -> list[str]:
+    """The batch sizes the runs stepped at, largest first."""
+    return sorted({bs for r in runs for bs in r.get("step_exec", {})}, key=lambda bs: -int(bs))
+
+
+def in_loop(runs: list[dict[str, Any]], which: str) -> dict[str, dict[str, Any]]:
+    """Per metric and bs, ``which`` over ``runs`` (``combine``); a bs no process measured is absent."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, key, _ in METRICS:
+        for bs in sizes(runs):
+            effects = [e for e in (process_effect(r, key, bs) for r in runs) if e is not None]
+            got = combine(effects, which)
+            if got is not None:
+                out.setdefault(name, {})[bs] = got
+    return out

@@ -1,0 +1,332 @@
+"""``bench --engine``'s figures and verdicts on CPU, from engine results shaped as ``_engine_child.py``
+prints them: the upload paired inside one process's decode loop, host modes, the A/A control, the
+rules that keep a verdict to what the run supports, ``--from-json`` and ``--plot``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+import re
+
+import pytest
+
+from freetoken_graphfix.bench import cli, engine, engine_report, engine_stats, loop
+
+from .test_engine_bench import result, shim
+
+spec = importlib.util.spec_from_file_location("engine_child", engine.CHILD)
+child = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(child)  # the child's schedule itself: it imports nothing heavy at module level
+
+
+def looped(seed=0, *, step=1.02, host=0.22, upload=1.0, own=1.0, copies=4, steps=199, drift=0.0, switch=None,
+           noise=0.002, placement=0.0, idle=1.0, idle_own=1.0, tokens=None, **over):
+    """One timed process at bs 2 and 1: ``steps`` graph steps after each first launch, launching the
+    executables in the child's schedule. Uploaded copies take ``upload`` times as long, the engine's
+    own graph ``own`` times; the process drifts by ``drift`` a step and its steps jump by 20% from
+    step ``switch`` on (a host mode switch); each executable sits ``placement`` (relative SD) off.
+    From idle, every executable replays at ``idle`` x the step and the own graph ``idle_own`` x that."""
+    rng = random.Random(seed)
+    labels = child.copy_labels(copies)
+    out = {k: {} for k in ("step_exec", "step_gpu_ms", "launch_gpu_ms", "graph_gpu_ms", "step_host_ms")}
+    for bs in ("2", "1"):
+        offset = {label: math.exp(rng.gauss(0, placement)) for label in labels}
+        execs = [child.loop_schedule(labels, k) for k in range(steps)]
+        times = []
+        for k, label in enumerate(execs):
+            factor = upload if label.startswith("uploaded") else own if label == "own" else 1.0
+            jump = 1.2 if switch is not None and k >= switch else 1.0
+            times.append(step * (1 + drift * k) * jump * factor * offset[label] * (1 + rng.gauss(0, noise)))
+        out["step_exec"][bs] = execs
+        out["step_gpu_ms"][bs] = times
+        out["launch_gpu_ms"][bs] = [0.98 * t for t in times]
+        out["graph_gpu_ms"][bs] = [0.99 * t for t in times]
+        out["step_host_ms"][bs] = [host * (1 + rng.gauss(0, 0.03)) for _ in times]
+    base = 0.95 * step * idle
+    out["replay_gpu_ms"] = {bs: [base * idle_own] * 10 for bs in ("2", "1")}
+    out["copies_gpu_ms"] = {bs: {"uploaded": [[base * upload] * 10] * copies, "never": [[base] * 10] * copies}
+                            for bs in ("2", "1")}
+    if tokens is not None:
+        out["token_ids"] = tokens
+    return result(**{"wait_sync": False, "captured_waits": 0, "table": "ZeroTable", **out, **over})
+
+
+def rec(expects_wait=False, traced=None, **arms):
+    runs = {arm: [dict(x) for x in (r if isinstance(r, list) else [r])] for arm, r in arms.items()}
+    env = {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"}
+    return {"model": "a model", "label": "llama", "layers": None, "ft_args": [], "context": 4096,
+            "decode_steps": 200, "rounds": len(next(iter(runs.values()))), "env": env, "expects_wait": expects_wait,
+            "runs": runs, "traced": traced or {}, "command": "python -m ...",
+            **engine.judge(runs, traced or {}, expects_wait)}
+
+
+NOOP = shim("auto", "no-op")
+
+
+def test_the_schedule_balances_each_kind_and_never_repeats_an_executable():
+    """Every cycle launches each executable once, none twice in a row (a relaunch of the executable just
+    launched may be quicker, which would favour that copy); with an even number of copies the uploaded
+    copies, the never-uploaded ones and the own graph sit at the same mean position in the cycle, so a
+    drift over it lands on all alike."""
+    labels = child.copy_labels(4)
+    assert labels == ["uploaded:0", "never:0", "never:1", "uploaded:1", "own", "uploaded:2", "never:2", "never:3",
+                      "uploaded:3"]
+    for copies in (1, 2, 3, 4, 6):
+        labels = child.copy_labels(copies)
+        width = len(labels)
+        execs = [child.loop_schedule(labels, k) for k in range(4 * width)]
+        cycles = [execs[i:i + width] for i in range(0, len(execs), width)]
+        assert all(sorted(c) == sorted(labels) for c in cycles)
+        assert all(a != b for a, b in zip(execs, execs[1:], strict=False)), copies
+        if copies % 2 == 0:
+            middle = (width - 1) / 2
+            for kind in ("uploaded", "never", "own"):
+                at = [p for p, label in enumerate(labels) if label.startswith(kind)]
+                assert sum(at) / len(at) == middle, (copies, kind)
+
+
+def test_pairing_recovers_the_upload_through_drift_and_a_host_mode_switch():
+    """The context grows (+0.02% a step, 4% over the run) and the process's host mode jumps by 20% half
+    way: the upload's +1% comes out of the decode loop within its band, a band of a few tenths."""
+    runs = [looped(s, upload=1.01, own=1.01, drift=2e-4, switch=100) for s in range(3)]
+    up = loop.in_loop(runs, "upload")
+    for metric in ("step", "launch"):
+        for bs in ("2", "1"):
+            f = up[metric][bs]
+            assert abs(f["ratio"] - 1.01) < f["half"] < 0.003, (metric, bs, f)
+            assert f["processes"] == 3 and f["processes"] == 3 and f["copies"] == 4
+            assert f["cycles"] == 3 * (199 // 9)
+    own = loop.in_loop(runs, "own")["step"]["2"]
+    assert abs(own["ratio"] - 1.01) < own["half"] < 0.003  # upstream's own graph, uploaded at capture
+
+
+def test_the_band_counts_how_far_copies_of_one_graph_run_apart():
+    """Executables of one graph sit apart by their placement (here 0.5%): the band must carry that, not
+    only the steps' noise, or two copies a hair apart would read as a cost."""
+    tight = loop.in_loop([looped(1)], "upload")["step"]["2"]
+    placed = loop.in_loop([looped(1, placement=0.005)], "upload")["step"]["2"]
+    assert tight["half"] < 0.002
+    assert placed["half"] > 0.004 and abs(placed["ratio"] - 1) < placed["half"]
+
+
+def test_each_launch_is_taken_against_the_launches_around_it_and_a_record_without_copies_is_left_out():
+    times = [1.0, 2.0, 4.0, 1.0, 2.0, 4.0, 1.0]  # three executables; the ends have no whole window
+    means, cycles = loop.executable_means(times, ["a", "b", "c"] * 2 + ["a"])
+    third = math.log(8) / 3
+    assert cycles == 2 and set(means) == {"a", "b", "c"}
+    assert means == pytest.approx({"a": -third, "b": math.log(2) - third, "c": math.log(4) - third})
+    assert loop.process_effect(result(), "step_gpu_ms", "2") is None  # an earlier release's record
+    assert engine_report.in_loop_lines(rec(upstream=result(), **{"pre-697": result()})["summary"])[0].endswith(
+        "not measured (--copies 0, or a record from before the decode loop launched copies)")
+
+
+def host_mode_run():
+    """The run of the new user's probe: every never-uploaded (pre-697) process in the slow host mode,
+    every auto process fast, upstream one of each; the same never-uploaded graphs in pre-697 and auto."""
+    slow, fast = dict(step=1.22, host=0.40), dict(step=1.02, host=0.22)
+    return rec(upstream=[looped(1, **fast, idle=0.93), looped(2, **slow, idle=0.93)],
+               **{"pre-697": [looped(3, **slow), looped(4, **slow)]},
+               auto=[looped(5, **fast, shim=NOOP), looped(6, **fast, shim=NOOP)])
+
+
+def test_processes_are_grouped_by_their_host_mode_per_phase():
+    record = host_mode_run()
+    s = record["summary"]
+    assert len(s["host_modes"]["2"]) == 2  # two modes at bs 2
+    modes = {arm: [row["mode"]["2"] for row in a["processes"]] for arm, a in s["arms"].items()}
+    assert modes == {"upstream": [0, 1], "pre-697": [1, 1], "auto": [0, 0]}
+    assert s["aa"]["pair"] == ["pre-697", "auto"]
+    assert math.isnan(s["aa"]["figures"]["step"]["2"][0])  # the A/A pair shares no mode: no figure
+    ratio, _, dof = s["arms"]["upstream"]["cross"]["step"]["2"]  # upstream vs pre-697 in the slow mode only
+    assert ratio == pytest.approx(1.0, abs=0.01) and dof == 1
+    text = engine_report.render(record)
+    assert "host modes (median host ms per decode step of each process and phase" in text and "several" in text
+    assert re.search(r"upstream round 1: bs 2 host 0\.(39|40)\d / GPU 1\.22\d ms B", text), text
+
+
+def test_the_new_users_ab_run_yields_no_verdict_its_own_aa_pair_contradicts():
+    """Where pre-697 and auto, the same never-uploaded graphs, came out 16% apart across processes,
+    the report prints no FASTER and no COSTS for any cross-process figure; the headline is the upload in
+    the decode loop, inside each process."""
+    text = engine_report.render(host_mode_run())
+    assert "FASTER" not in text and "COSTS" not in text, text
+    assert "not judged: no A/A control in this run (pre-697 and auto share no host mode here" in text
+    head = text.index("the upload in the decode loop, same graph, same process")
+    assert head < text.index("kernel timeline") < text.index("A/A control") < text.index("diagnostics")
+    assert "GPU time per decode step: bs 2 " in text[head:] and NO_COST_LINE in text[head:]
+
+
+NO_COST_LINE = "no cost beyond ±0.5% (95% interval within it)"
+
+
+def test_a_cross_process_figure_is_never_judged_finer_than_the_aa_control():
+    """All processes in one host mode; separate processes land up to ±2% apart (the A/A pair 2% apart):
+    upstream 1.5% off is within that noise, 8% off is a finding."""
+    def arms_with(upstream_factor):
+        return rec(upstream=[looped(i, step=1.0 * upstream_factor * f) for i, f in enumerate((1.0, 1.004, 0.998))],
+                   **{"pre-697": [looped(i, step=f) for i, f in enumerate((1.0, 1.004, 0.998))]},
+                   auto=[looped(i, step=1.02 * f, shim=NOOP) for i, f in enumerate((1.0, 1.004, 0.998))])
+
+    near = engine_report.render(arms_with(1.015))
+    assert "upstream vs never uploaded (pre-697), across processes within host modes, GPU time per decode step" in near
+    assert "within the A/A control's noise (±" in near and "COSTS" not in near
+    far = engine_report.render(arms_with(1.08))
+    assert "GPU time per decode step: bs 2 +8.00%" in far and "COSTS this GPU" in far
+
+
+def test_an_idle_replay_figure_never_claims_what_the_decode_loop_does_not_show():
+    """Upstream's graph replayed from idle is 7.5% faster (its whole process is), while in the decode
+    loop it is not: the diagnostic says so instead of FASTER."""
+    record = rec(upstream=[looped(i, idle=0.925) for i in range(3)], **{"pre-697": [looped(i) for i in range(3)]},
+                 auto=[looped(i, step=1.0002, shim=NOOP) for i in range(3)])
+    text = engine_report.render(record)
+    line = next(ln for ln in text.splitlines() if "the graph replayed back to back, across processes" in ln)
+    assert "-7.50%" in line and "from idle only; in the decode loop: " in line and "FASTER" not in line.split(
+        "in the decode loop: ")[0]
+    assert "FASTER" not in text.split("diagnostics")[0]
+
+
+def test_the_copies_tokens_are_checked_against_the_traced_run():
+    ids = [[5, 6, 7, 8], [9, 9, 9, 9], [1, 2, 3, 4]]
+    traced = {arm: [{"note": "x", "2": TIMELINE, "token_ids": [t[:2] for t in ids]}] for arm in ("upstream", "auto")}
+    ok = rec(traced=traced, upstream=looped(1, tokens=ids), auto=looped(2, tokens=ids, shim=NOOP))
+    assert ok["summary"]["arms"]["auto"]["copies_tokens"] == "same" and engine.failures(ok) == []
+    bad = rec(traced=traced, upstream=looped(1, tokens=ids), auto=looped(2, tokens=[[5, 7], *ids[1:]], shim=NOOP))
+    assert "auto: the decode loop with copies gave other tokens than its traced run (own graphs only)" in \
+        engine.failures(bad)
+    assert rec(upstream=looped(1, tokens=ids))["summary"]["arms"]["upstream"]["copies_tokens"] is None
+
+
+TIMELINE = {"launches": 40, "graph_kernels": 196, "step_kernels": 207, "busy_us": 1030.0, "streams": 1,
+            "gap_us": {"s1": {"median": 0.448, "n": 7800}}, "gap_quantiles": {"s1": [0.1 * i for i in range(101)]}}
+
+
+def test_the_kernel_timeline_comes_from_every_traced_process_with_its_spread():
+    other = dict(TIMELINE, busy_us=1050.0, gap_us={"s1": {"median": 0.452, "n": 7800}})
+    t = engine_stats.timeline([{"2": TIMELINE}, {"2": other}, {"note": "traced run failed: x"}])
+    assert t["processes"] == 2 and t["note"] == "traced run failed: x"
+    assert t["2"]["busy_us"] == [1040.0, 1030.0, 1050.0] and t["2"]["gap_us"]["s1"] == pytest.approx([0.45, 0.448,
+                                                                                                        0.452])
+    record = rec(traced={"upstream": [{"2": TIMELINE}, {"2": other}]}, upstream=looped(1))
+    assert "upstream       bs 2: 2 process(es), kernels 207 (196), busy 1040.0 [1030.0-1050.0] µs" in \
+        engine_report.render(record)
+
+
+def current_release_record() -> list[dict]:
+    """A record as the previous release's ``--json`` wrote it (no copies in the decode loop, one traced
+    timeline per arm, its own summary), with the figures of the new user's probe: pre-697's two
+    processes in the slow host mode, the others fast; its report called auto 16.6% FASTER."""
+    def old(step, host, idle=1.0, **over):
+        r = looped(7, step=step, host=host, idle=idle, **over)
+        for key in ("step_exec", "launch_gpu_ms", "token_ids"):
+            r.pop(key, None)
+        return r
+
+    runs = {"upstream": [old(1.02, 0.22, 0.93), old(1.02, 0.24, 0.93)], "pre-697": [old(1.22, 0.40), old(1.22, 0.41)],
+            "auto": [old(1.02, 0.23, shim=NOOP), old(1.02, 0.22, shim=NOOP)]}
+    timeline = {"note": "n", "2": {k: v for k, v in TIMELINE.items() if k != "gap_quantiles"}}
+    return [{"model": "m (llama)", "label": "llama", "layers": None, "ft_args": ["--dummy-weight"], "context": 2048,
+             "decode_steps": 128, "rounds": 2, "env": {"gpu": "NVIDIA H200", "driver": "580", "torch": "2.11",
+                                                       "date": "2026-12-01", "cuda": "13.0", "python": "3.12"},
+             "expects_wait": False, "runs": runs, "traced": {arm: timeline for arm in runs},
+             "command": "python -m freetoken_graphfix bench --engine ...", "wait_case": False,
+             "summary": {"auto": {"step_vs_never_uploaded": {"2": [0.8342, 0.0005]}}}, "upload_copies": {}}]
+
+
+def test_from_json_judges_a_saved_record_again_by_the_current_rules(tmp_path, capsys):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(current_release_record()))
+    md, again = tmp_path / "r.md", tmp_path / "again.json"
+    assert cli.main(["--from-json", str(path), "--markdown", str(md), "--json", str(again)]) == 0
+    out = capsys.readouterr().out
+    assert "FASTER" not in out and "COSTS" not in out, out
+    assert "the upload in the decode loop, same graph, same process: not measured" in out
+    assert re.search(r"pre-697 round 0: bs 2 host 0\.(39|40)\d / GPU 1\.2", out)  # host modes, from raw steps
+    assert "### freetoken-graphfix bench --engine: llama" in md.read_text() and "FASTER" not in md.read_text()
+    (saved,) = json.loads(again.read_text())  # strict JSON: a figure that cannot be computed is null
+    assert saved["summary"]["aa"]["pair"] == ["pre-697", "auto"] and saved["summary"]["aa"]["figures"]["step"][
+        "2"][0] is None
+
+
+def test_from_json_refuses_what_is_no_record_in_one_line(tmp_path, capsys):
+    for text, why in (("{", "cannot be read as JSON"), ('{"a": 1}', "not a whole bench record")):
+        path = tmp_path / "x.json"
+        path.write_text(text)
+        assert cli.main(["--from-json", str(path)]) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and why in err and "accepted values are a record written by" in err, err
+    assert cli.main(["--from-json", str(tmp_path / "none.json")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_plot_draws_the_gap_distributions_and_the_steps(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="the test extra installs matplotlib")
+    record = rec(traced={"upstream": [{"2": TIMELINE}], "pre-697": [{"2": TIMELINE}]},
+                 upstream=[looped(1), looped(2, step=1.22, host=0.4)], **{"pre-697": [looped(3), looped(4)]})
+    from freetoken_graphfix.bench.engine_plot import plot
+
+    png = tmp_path / "p.png"
+    assert plot([record], str(png)) == f"wrote {png}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = tmp_path / "old.json"  # an earlier record has no gap percentiles: drawn without them
+    saved.write_text(json.dumps(current_release_record()))
+    assert cli.main(["--from-json", str(saved), "--plot", str(tmp_path / "old.png")]) == 0
+    assert f"wrote {tmp_path / 'old.png'}" in capsys.readouterr().out
+
+
+def test_default_arms_hold_an_aa_pair_in_either_case():
+    assert engine.default_arms(False) == ["upstream", "pre-697", "auto"]
+    assert engine.default_arms(True) == ["upstream", "pre-697", "auto", "deferred"]
+    assert engine_stats.aa_pair(engine.default_arms(True), True) == ("auto", "deferred")
+    assert engine_stats.aa_pair(engine.default_arms(False), False) == ("pre-697", "auto")
+    assert engine_stats.aa_pair(["upstream", "pre-697", "auto"], True) is None  # auto defers, pre-697 exposes
+
+
+def test_an_in_process_interval_covers_every_processs_own_figure():
+    """Two processes whose own figures disagree (-0.8% and +0.05%, each tight inside): the pooled band
+    alone would call the upload faster; the interval must reach both processes, and it cannot."""
+    runs = [looped(1, upload=0.992, noise=0.0005), looped(2, upload=1.0005, noise=0.0005)]
+    f = loop.in_loop(runs, "upload")["launch"]["2"]
+    assert f["half"] >= max(abs(math.log(p / f["ratio"])) for p in f["per_process"]) - 1e-12
+    assert engine_report.judged(f["ratio"], f["half"]) == engine_report.CANNOT
+
+
+def test_arms_are_compared_across_processes_by_their_own_graphs_steps():
+    """The copies' steps are the same in every arm; only the steps that launched the arm's own graph
+    say how its graph decodes against the never-uploaded arm's."""
+    record = rec(upstream=[looped(i, own=1.03) for i in range(3)], **{"pre-697": [looped(i + 3) for i in range(3)]})
+    ratio, _, _ = record["summary"]["arms"]["upstream"]["cross"]["step"]["2"]
+    assert ratio == pytest.approx(1.03, abs=0.003)
+
+
+def test_the_aa_pair_is_the_floor_not_a_finding():
+    runs = {"upstream": [looped(i) for i in range(2)], "pre-697": [looped(i) for i in range(2)],
+            "auto": [looped(i + 2, shim=NOOP) for i in range(2)]}
+    text = engine_report.render(rec(**runs))
+    assert "A/A control (auto over pre-697" in text and "auto vs never uploaded (pre-697)" not in text
+    assert "upstream vs never uploaded (pre-697), across processes" in text
+
+
+def test_a_verdict_is_judged_on_the_95_percent_interval_and_the_half_percent_band():
+    judged = engine_report.judged
+    assert judged(1.0003, 0.0002) == engine_report.NO_COST  # resolved, but no regression
+    assert judged(1.003, 0.003) == engine_report.CANNOT  # reaches +0.6%: more than the band allows
+    assert judged(1.006, 0.001) == engine_report.COSTS and judged(0.99, 0.002) == engine_report.FASTER
+    assert judged(1.0, math.nan) == engine_report.CANNOT
+    assert judged(1.015, 0.002, floor=0.03).startswith("within the A/A control's noise (±3.00%)")
+    assert judged(1.08, 0.002, floor=0.03) == engine_report.COSTS
+    assert engine_report.half_width(0.001, 2) == pytest.approx(0.004303)  # Student's t, 3 samples
+
+
+def test_a_host_bound_decode_step_is_named():
+    """A graph taking much less GPU time than the step around it waits for the host: the step's GPU time
+    and tok/s are the host's, and the report says so; a graph that fills the step is not flagged."""
+    def slow_graph(r):
+        return dict(r, graph_gpu_ms={bs: [0.7 * t for t in v] for bs, v in r["step_gpu_ms"].items()})
+
+    record = rec(upstream=[slow_graph(looped(1))], **{"pre-697": [looped(2)]})
+    assert engine_report.host_bound(record["summary"]) == [
+        f"upstream bs {bs}: the graph step takes 70% of the decode step's GPU time (host-bound: the step's GPU time "
+        "and tok/s follow the host)" for bs in ("2", "1")]
