@@ -44,9 +44,20 @@ def status() -> "dict[str, Any]":
 
 
 def _install_armed(module: object) -> None:
-    """FreeToken's graph module was imported: complete the install this package's import armed."""
-    from . import hooks
+    """FreeToken's graph module was imported: complete the install this package's import armed.
 
+    This runs inside FreeToken's import: whatever the shim lacks (a dependency an offline
+    ``--no-deps`` install left out), FreeToken must import as shipped, and the shim stands down."""
+    try:
+        from . import hooks
+    except ImportError as exc:
+        import logging
+
+        bootstrap.disarm()
+        logging.getLogger("freetoken_graphfix").error(
+            "freetoken_graphfix: not installed: %s (a dependency of freetoken-graphfix: pip install wrapt packaging); "
+            "FreeToken keeps its own upload", exc)
+        return
     hooks.install_armed()
 
 

@@ -57,6 +57,12 @@ def env_before() -> object:
     return _Pending.env_before if _Pending.hook is not None else NOT_ARMED
 
 
+def user_env_value() -> str | None:
+    """``FT_GRAPH_UPLOAD`` as the user set it: before :func:`arm` exported a mode, when one is pending."""
+    pending = env_before()
+    return os.environ.get(ENV_MODE) if pending is NOT_ARMED else pending  # type: ignore[return-value]
+
+
 def disarm() -> object:
     """Cancel the pending install (an install or uninstall takes over); returns what
     :func:`env_before` returned. The variable is left as it is: the caller decides."""
@@ -125,7 +131,7 @@ def would_activate(value: str | None) -> tuple[bool, str]:
         return False, f"{PTH_NAME} not found in {site_dirs()}: reinstall freetoken-graphfix"
     if sys.flags.no_site:
         return False, "python -S: site (and every .pth) is disabled"
-    if not (value or "").strip():
+    if not value:  # the .pth's own test: any non-empty value arms it (blank ones mean auto)
         return False, f"{config.ENV_MODE} is unset (the .pth only acts when it is set)"
     try:
         mode = config.parse_mode(value)

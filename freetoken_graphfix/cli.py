@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
-from . import __version__, bootstrap, config, hooks
+from . import __version__, bootstrap, config
 from .errors import ConfigError, GraphfixError, shown
 
 OK, ERR = 0, 1
@@ -34,6 +34,12 @@ def do_doctor(args: argparse.Namespace) -> int:
     problems = 0
     line("freetoken-graphfix", __version__)
     line("python", f"{sys.executable} ({sys.version.split()[0]})")
+    try:
+        from . import hooks
+    except ImportError as exc:  # a dependency missing (an offline install with --no-deps)
+        line("shim", f"PROBLEM: cannot be loaded: {exc} (pip install freetoken-graphfix's dependencies: wrapt, "
+                     "packaging)")
+        return ERR
     user_value = hooks.user_env_value()
     try:
         mode = config.parse_mode(user_value)
@@ -128,18 +134,19 @@ def do_run(args: argparse.Namespace) -> int:
         mode = config.parse_mode(args.mode, source="--mode")
     else:
         try:
-            mode = config.parse_mode(hooks.user_env_value())
+            mode = config.parse_mode(bootstrap.user_env_value())
         except ConfigError as exc:
             raise ConfigError(f"{exc} (or pass --mode)") from None
     try:
         executable = run.resolve(command[0])
-        for warning in (run.foreign_python(executable),
+        env = dict(os.environ, **{config.ENV_MODE: mode.value})
+        for warning in (run.foreign_python(executable, env),
                         None if bootstrap.installed_pth() else
                         f"freetoken_graphfix: warning: {bootstrap.PTH_NAME} is not installed in this environment; "
                         "only processes that import freetoken_graphfix will get the shim"):
             if warning:
                 print(warning, file=sys.stderr)
-        return run.supervise([executable, *command[1:]], dict(os.environ, **{config.ENV_MODE: mode.value}))
+        return run.supervise([executable, *command[1:]], env)
     except run.CommandError as exc:
         print(f"freetoken_graphfix: error: {exc}", file=sys.stderr)
         return exc.code
@@ -156,7 +163,7 @@ def do_patch(args: argparse.Namespace) -> int:
     changed, message = (patching.apply if args.action == "apply" else patching.revert)(target)
     print(message)
     if changed and args.action == "apply" and args.repo is None:
-        print(f"note: {patching.SITE_NOTE}")
+        print(f"note: {patching.site_note(target)}")
     return OK
 
 
@@ -238,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
             return ERR
     except KeyboardInterrupt:  # Ctrl-C outside run's own handling: no traceback, a shell's code
         return 128 + 2
+    except BrokenPipeError:  # `doctor | head`: the reader left; say nothing more, as a shell tool would
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
 
 
 if __name__ == "__main__":  # pragma: no cover

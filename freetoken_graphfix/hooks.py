@@ -190,8 +190,7 @@ def user_env_value() -> str | None:
     """``FT_GRAPH_UPLOAD`` as the user set it, before the shim exported the resolved mode."""
     if _state.installed:
         return _state.env_before
-    pending = bootstrap.env_before()
-    return os.environ.get(config.ENV_MODE) if pending is bootstrap.NOT_ARMED else pending
+    return bootstrap.user_env_value()
 
 
 def status() -> dict[str, Any]:

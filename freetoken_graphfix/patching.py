@@ -25,9 +25,12 @@ from pathlib import Path
 
 from .errors import PatchError, shown
 
-SITE_NOTE = ("pip's RECORD hashes for the patched files no longer match them (pip check does not look; "
-             "`pip install --force-reinstall --no-deps freetoken==VERSION` brings the shipped files back), "
-             "and reinstalling or upgrading FreeToken drops the patch")
+
+def site_note(target: Target) -> str:
+    """What ``apply --site`` leaves behind, and the command that brings the shipped files back."""
+    return ("pip's RECORD hashes for the patched files no longer match them (pip check does not look; "
+            f"`pip install --force-reinstall --no-deps freetoken=={tree_version(target) or series_target()}` "
+            "brings the shipped files back), and reinstalling or upgrading FreeToken drops the patch")
 PACKAGE = "python/freetoken/"  # the package inside FreeToken's repository
 
 

@@ -17,7 +17,9 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 from collections.abc import Sequence
+from typing import Any
 
 from .bootstrap import interpreters
 from .errors import GraphfixError
@@ -54,55 +56,117 @@ def resolve(name: str) -> str:
     return path
 
 
-def foreign_python(path: str) -> str | None:
-    """A warning when ``path`` is a Python interpreter other than this environment's: the shim
-    reaches only interpreters that have freetoken-graphfix (and its ``.pth``) installed."""
+def foreign_python(path: str, env: dict[str, str]) -> str | None:
+    """A warning when ``path`` is a Python interpreter that will not load the shim: one whose site
+    does not see this package's ``.pth``. Another venv or a pyenv interpreter is often a link to the
+    very same binary, so that is decided by asking it (one interpreter start, with the command's
+    own environment), never by the binary."""
     if not os.path.basename(path).startswith("python"):
         return None
-    ours = {os.path.realpath(p) for p in (sys.executable, *interpreters())}
-    if os.path.realpath(path) in ours:
+    if os.path.abspath(path) in {os.path.abspath(p) for p in (sys.executable, *interpreters())}:
+        return None  # this environment's own interpreters read its site-packages
+    try:
+        probe = subprocess.run([path, "-c", "import sys; print('freetoken_graphfix' in sys.modules)"], env=env,
+                               capture_output=True, text=True, timeout=30)
+        loads = probe.stdout.strip().splitlines()[-1:] == ["True"]
+    except (OSError, subprocess.SubprocessError):
+        loads = False
+    if loads:
         return None
-    return (f"freetoken_graphfix: warning: {path} is not this environment's interpreter ({sys.executable}); "
-            "unless freetoken-graphfix is installed there too, it runs without the shim")
+    return (f"freetoken_graphfix: warning: {path} does not load the shim (its site-packages have no "
+            f"freetoken-graphfix .pth; this environment's interpreter is {sys.executable}): it runs without it")
 
 
 def supervise(argv: Sequence[str], env: dict[str, str]) -> int:
-    """Run ``argv`` to completion, forwarding signals; returns its exit code (128+N if killed by N).
-    Raises :class:`CommandError` when the command cannot be executed."""
-    received: list[int] = []  # stop signals so far
-    early: list[int] = []  # signals that arrived before the child existed: it gets them once it does
-    child: subprocess.Popen | None = None
+    r"""Run ``argv`` to completion, forwarding signals; returns its exit code (128+N if killed by N).
+    Raises :class:`CommandError` when the command cannot be executed.
 
-    def forward(signum: int, frame: object) -> None:
-        if child is None:
-            early.append(signum)
-            return
-        if signum in STOPPING:
-            received.append(signum)
-            if len(received) > 1:  # a second stop signal: the user asks for it to stop now
-                print(f"freetoken_graphfix: {signal.Signals(signum).name} again: killing {argv[0]} "
-                      f"(pid {child.pid})", file=sys.stderr)
-                _send(child, signal.SIGKILL)
-                return
-        if not _came_from_terminal(signum, child):
-            _send(child, signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    The signals are blocked in this process from the start and taken by a thread with
+    ``sigwaitinfo``, which tells who sent each one: one the kernel sent (the terminal's Ctrl-C or
+    Ctrl-\, a hangup) went to the terminal's whole foreground process group, so a child in ours has
+    it already; one a process sent (``kill``, a supervisor) reached the wrapper alone. Signals that
+    arrive before the child exists wait, pending, and reach it once it does."""
+    signals = set(FORWARDED)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
-        child = _start(argv, env)
-        for signum in early:
-            forward(signum, None)
+        child = _start(argv, env, before)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        raise
+    relay = _Relay(child, argv[0], signals)
+    try:
         code = child.wait()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        relay.stop()
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
     return 128 - code if code < 0 else code
 
 
-def _start(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen:
-    """The child, or the reason it could not be executed, as a shell says it."""
+SI_KERNEL = 0x80  # si_code of a signal the kernel sent, a terminal's among them (Linux asm-generic/siginfo.h)
+PR_SET_PDEATHSIG = 1  # prctl option (Linux linux/prctl.h): a signal for the child when its parent dies
+
+
+class _Relay:
+    """The thread that passes every signal on to the child, and kills it on a second stop signal."""
+
+    def __init__(self, child: subprocess.Popen, name: str, signals: set[int]) -> None:
+        self.child, self.name, self.signals = child, name, signals
+        self.received: list[int] = []  # stop signals so far
+        self.done = False
+        self.thread = threading.Thread(target=self._run, name="freetoken-graphfix-signals", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            info = signal.sigwaitinfo(self.signals)
+            if self.done:
+                return
+            self.handle(info.si_signo, info.si_code)
+
+    def handle(self, signum: int, code: int) -> None:
+        if signum in STOPPING:
+            self.received.append(signum)
+            if len(self.received) > 1:  # a second stop signal: the user asks for it to stop now
+                print(f"freetoken_graphfix: {signal.Signals(signum).name} again: killing {self.name} "
+                      f"(pid {self.child.pid})", file=sys.stderr)
+                _send(self.child, signal.SIGKILL)
+                return
+        if not self.reached_child(code):
+            _send(self.child, signum)
+
+    def reached_child(self, code: int) -> bool:
+        """Whether the child already has this signal: the kernel sent it to our whole process group
+        (a terminal's Ctrl-C, which must not count twice: a second SIGINT makes servers skip their
+        clean shutdown) and the child is in that group."""
+        if code != SI_KERNEL:
+            return False
+        try:
+            return os.getpgid(self.child.pid) == os.getpgrp()
+        except ProcessLookupError:
+            return True
+
+    def stop(self) -> None:
+        self.done = True
+        signal.pthread_kill(self.thread.ident, signal.SIGUSR1)  # wakes sigwaitinfo, which then returns
+        self.thread.join(timeout=5)
+
+
+def _start(argv: Sequence[str], env: dict[str, str], mask: set[int]) -> subprocess.Popen:
+    """The child, or the reason it could not be executed, as a shell says it. The child gets the
+    signal mask the wrapper had, and (Linux) a SIGTERM if the wrapper dies without passing one on,
+    SIGKILL included: it is never left running alone."""
+    parent = os.getpid()
+    prctl = _prctl()
+
+    def in_child() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != parent:  # the wrapper died before the request took effect
+                os.kill(os.getpid(), signal.SIGTERM)
+
     try:
-        return subprocess.Popen(list(argv), env=env)
+        return subprocess.Popen(list(argv), env=env, preexec_fn=in_child)
     except OSError as exc:
         name = argv[0]
         if exc.errno == errno.ENOEXEC:
@@ -112,6 +176,18 @@ def _start(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen:
         else:
             why = f"cannot execute: {exc.strerror or exc}"
         raise CommandError(f"run: {name!r}: {why}", NOT_EXECUTABLE) from None
+
+
+def _prctl() -> Any:
+    """libc's ``prctl`` on Linux, loaded before the fork (nothing to load in the child), else ``None``."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 def _interpreter(path: str) -> str:
@@ -134,15 +210,3 @@ def _send(child: subprocess.Popen, signum: int) -> None:
             child.send_signal(signum)
     except ProcessLookupError:
         pass  # it has just exited: wait() returns its code
-
-
-def _came_from_terminal(signum: int, child: subprocess.Popen) -> bool:
-    """Ctrl-C at a terminal reaches the whole foreground process group, the child included: sending
-    it again would count as a second interrupt (which makes servers skip their clean shutdown)."""
-    if signum != signal.SIGINT:
-        return False
-    try:
-        foreground = os.tcgetpgrp(sys.stdin.fileno())
-        return foreground == os.getpgrp() == os.getpgid(child.pid)
-    except (OSError, ValueError, ProcessLookupError):
-        return False

@@ -202,9 +202,23 @@ def test_run_warns_about_another_interpreter(tmp_path):
     other.chmod(0o755)
     out = run_cli("run", "--", str(other))
     assert out.returncode == 0
-    assert out.stderr.strip() == (f"freetoken_graphfix: warning: {other} is not this environment's interpreter "
-                                  f"({sys.executable}); unless freetoken-graphfix is installed there too, it runs "
-                                  "without the shim")
+    assert out.stderr.strip() == (f"freetoken_graphfix: warning: {other} does not load the shim (its site-packages "
+                                  f"have no freetoken-graphfix .pth; this environment's interpreter is "
+                                  f"{sys.executable}): it runs without it")
+
+
+def test_run_warns_about_another_venvs_python_though_it_is_the_same_binary(tmp_path):
+    """Another venv's python links to the very base interpreter ours does: only its site-packages
+    differ, and those decide whether the shim loads there."""
+    import venv
+
+    venv.create(tmp_path / "other", with_pip=False, symlinks=True)
+    other = tmp_path / "other" / "bin" / "python"  # a link to the base interpreter, as ours may be
+    probe = "import sys; print('freetoken_graphfix' in sys.modules)"
+    out = run_cli("run", "--", str(other), "-c", probe)
+    assert out.stdout.strip() == "False" and f"warning: {other} does not load the shim" in out.stderr
+    ours = run_cli("run", "--", sys.executable, "-c", probe)
+    assert ours.stdout.strip() == "True" and ours.stderr == ""
 
 
 TRAPPER = """

@@ -121,13 +121,19 @@ def test_write_model_is_all_or_nothing(tmp_path, capsys):
      "FreeToken option after --: unrecognized arguments: --bogus (FreeToken's own ft serve options)"),
     (["--model", "{llama}", "--", "--attention-backend", "nope"], "FreeToken option after --: argument"),
     (["--model", "{llama}", "--", "--port", "8000"], "FreeToken option after --: --port: the bench sets it itself"),
+    (["--model", "{llama}", "--", "--model-p", "/x"],
+     "FreeToken option after --: --model-p (FreeToken reads it as --model-path): the bench sets it itself"),
+    (["--model", "{llama}", "--", "--hos=1.2.3.4"],
+     "FreeToken option after --: --hos (FreeToken reads it as --host): the bench sets it itself"),
+    (["--model", "", "--", "--dummy-weight"], "--model '' does not exist; accepted values are a model directory"),
     (["--", "--dummy-weight"], "FreeToken options after -- need --model"),
     (["--model", "{llama}", "--layers", "48", "--", "--dummy-weight"], "--layers sizes the synthetic model"),
     (["--model", "{llama}", "--context", "131000", "--", "--dummy-weight"],
      "--context 131000 + --decode-steps 200 = 131200 tokens: the model holds at most 131072"),
     (["--prompt-file", "/nonexistent.txt"], "--prompt-file '/nonexistent.txt': cannot be read as UTF-8 text"),
 ])
-def test_bad_model_input_is_one_line_naming_it(models, tmp_path, capsys, args, message):
+def test_bad_model_input_is_one_line_naming_it(models, tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.setattr(cli, "cuda_missing", lambda: None)  # FreeToken's parser runs only where a GPU is
     (tmp_path / "file").write_text("")
     (tmp_path / "empty").mkdir()
     args = [a.format(file=tmp_path / "file", empty=tmp_path / "empty", llama=models / "llama") for a in args]

@@ -86,18 +86,21 @@ def test_ctrl_c_once_running_goes_to_the_child():
     assert proc.returncode == 130 and err == "", err  # sleep killed by SIGINT: 128 + 2
 
 
-def test_ctrl_c_at_a_terminal_reaches_a_child_in_its_own_group(tmp_path):
-    """At a terminal Ctrl-C goes to the foreground process group: the wrapper and a child in that
-    group get it from the terminal (the wrapper must not send it twice), but a child that made its
-    own group (a server) gets it only from the wrapper. Run here under a real pseudo-terminal."""
+def under_a_terminal(tmp_path, flags: list[str], act, stdin: str = "None") -> tuple[str, int]:
+    """The wrapper as a terminal's foreground job, started by a driver that plays the shell (ignoring
+    the terminal's Ctrl-C itself, not for its job), with the trapper as its command. ``act(fd,
+    wrapper_pid)`` does something to it once the trapper is ready. Returns the terminal's output and the
+    driver's exit code (the wrapper's); a job that does not end in 20 s is killed and fails."""
     import pty
 
     script = tmp_path / "driver.py"
     script.write_text(f"""
 import os, signal, subprocess, sys
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # like a shell: the terminal's Ctrl-C is not for it
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # like a shell: the terminal's Ctrl-C is not for it,
 proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "run", "--", sys.executable,
-                         {str(tmp_path / 'trapper.py')!r}, "--group"], env=os.environ)
+                         {str(tmp_path / 'trapper.py')!r}, *{flags!r}], env=os.environ, stdin={stdin},
+                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # but for its job
+print("wrapper", proc.pid, flush=True)
 sys.exit(proc.wait())
 """)
     from .test_bootstrap import TRAPPER
@@ -111,7 +114,8 @@ sys.exit(proc.wait())
         deadline = time.monotonic() + 60
         while b"ready" not in output and time.monotonic() < deadline:
             output += os.read(fd, 1024)
-        os.write(fd, b"\x03")  # Ctrl-C, as typed
+        wrapper = int(output.decode().split("wrapper", 1)[1].split()[0])
+        act(fd, wrapper)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             ready, _, _ = select.select([fd], [], [], 0.5)
@@ -126,13 +130,52 @@ sys.exit(proc.wait())
             output += chunk
     finally:
         done, status = os.waitpid(pid, os.WNOHANG)
-        if not done:  # the child never got the interrupt: end the session and the child's group, then fail
+        if not done:  # the job never ended: end the session and the child's group, then fail
             ready = output.decode(errors="replace").split("ready", 1)[-1].split()
             for group in (pid, int(ready[0]) if ready and ready[0].isdigit() else None):
                 if group is not None:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(group, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
-    text = output.decode(errors="replace")
+    return output.decode(errors="replace"), os.waitstatus_to_exitcode(status)
+
+
+def ctrl_c(fd: int, wrapper: int) -> None:
+    os.write(fd, b"\x03")  # as typed
+
+
+@pytest.mark.parametrize("flags, stdin", [
+    (["--group"], "None"),  # a server in its own group: the terminal's Ctrl-C reaches it only through the wrapper
+    ([], "None"),  # in the wrapper's group: the terminal delivered it already
+    ([], "subprocess.DEVNULL"),  # the same, the wrapper's stdin no terminal (run ... < /dev/null)
+])
+def test_a_ctrl_c_at_a_terminal_reaches_the_child_exactly_once(tmp_path, flags, stdin):
+    """At a terminal Ctrl-C goes to the foreground process group: the wrapper and a child in that
+    group get it from the terminal (the wrapper must not send it twice, whatever its stdin), but a
+    child that made its own group gets it only from the wrapper. Run here under a real pseudo-terminal."""
+    text, code = under_a_terminal(tmp_path, flags, ctrl_c, stdin)
     assert text.count(f"got {int(signal.SIGINT)}") == 1, text  # once: not also a second, killing, one
-    assert os.waitstatus_to_exitcode(status) == 40 + signal.SIGINT, text
+    assert code == 40 + signal.SIGINT, text
+
+
+def test_a_supervisors_sigint_reaches_the_child_while_the_wrapper_is_the_foreground_job(tmp_path):
+    """``kill -INT <wrapper>`` from another shell reaches the wrapper alone: it must go on to the
+    child, though the wrapper is the terminal's foreground job."""
+    text, code = under_a_terminal(tmp_path, [], lambda fd, wrapper: os.kill(wrapper, signal.SIGINT))
+    assert text.count(f"got {int(signal.SIGINT)}") == 1 and code == 40 + signal.SIGINT, text
+
+
+def test_a_child_never_outlives_a_killed_wrapper(tmp_path):
+    """A wrapper killed by SIGKILL cannot pass anything on: Linux sends its child SIGTERM then."""
+    proc, child = supervised(tmp_path)
+    try:
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(child)
+        assert proc.stdout.read().strip() == f"got {int(signal.SIGTERM)}"
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)

@@ -114,26 +114,53 @@ def split_freetoken_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
-    """Resolve ``--model`` and the workload for ``--engine``/``--serve``; why not, in one line."""
-    from .target import TargetError, from_model
-    from .workload import check, read_text
+def early_checks(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
+    """``--engine``/``--serve`` input that can be refused before FreeToken (or torch) is imported: the
+    prompt file, the options the bench owns, the model directory, ``--layers``; why not, in one line."""
+    from .target import TargetError, precheck
+    from .workload import read_text
 
     if ft_args and opts.model is None:
         return "FreeToken options after -- need --model (the synthetic model runs with its own)"
+    if opts.model is not None and opts.layers:
+        return "--layers sizes the synthetic model; with --model it has no meaning"
     try:
         read_text(opts.prompt_file)
+        if opts.model is not None:
+            precheck(opts.model, ft_args)
+        else:
+            from .model import check_layers
+
+            for layers in opts.layers or []:
+                check_layers(layers)
+    except TargetError as exc:
+        return str(exc)
+    except ValueError as exc:
+        return f"--layers: {exc}" if opts.model is None and "layers=" in str(exc) else str(exc)
+    return None
+
+
+def cuda_missing() -> str | None:
+    """Why nothing can be measured here, or ``None``: checked before FreeToken is imported."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return "no CUDA device; nothing to measure (use --startup for the start-up benchmark)"
+
+
+def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
+    """Resolve ``--model`` (through FreeToken's own parser) and the workload; why not, in one line."""
+    from .target import TargetError, from_model
+    from .workload import check
+
+    try:
         opts.target = from_model(opts.model, ft_args) if opts.model is not None else None
         check(opts.context, opts.decode_steps, opts.target.max_positions if opts.target else None)
     except (TargetError, ValueError) as exc:
         return str(exc)
-    if opts.model is not None and opts.layers:
-        return "--layers sizes the synthetic model; with --model it has no meaning"
     opts.layers = opts.layers or [48]
-    try:
-        opts.cases = cases(opts)
-    except ValueError as exc:
-        return f"--layers: {exc}"
+    opts.cases = cases(opts)
     return None
 
 
@@ -198,27 +225,42 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
         record, text = startup(opts.startup_runs)
         print(text)
         return OK if write_outputs(opts, record) else ERR
+    if opts.model is not None and not (opts.engine or opts.serve):
+        ap.error("--model runs with --engine or --serve")
+    if ft_args and not (opts.engine or opts.serve):
+        ap.error("FreeToken options after -- are for --engine and --serve with --model")
+    try:
+        return run(opts, ft_args, prog, ap)
+    except ModuleNotFoundError as exc:  # bench's own needs (FreeToken, its tokenizer...): one line, not a traceback
+        name = (exc.name or "?").split(".")[0]
+        print(f"{prog}: error: {what_runs(opts)} needs the Python module {name!r}, which is not installed here "
+              f"(pip install {INSTALL_HINT.get(name, name)})", file=sys.stderr)
+        return ERR
+
+
+INSTALL_HINT = {"freetoken": "freetoken (the release to measure)", "openai": "'freetoken-graphfix[serve]'",
+                "matplotlib": "'freetoken-graphfix[plot]'"}
+
+
+def run(opts: argparse.Namespace, ft_args: list[str], prog: str, ap: argparse.ArgumentParser) -> int:
+    """The benchmark the options select, once they passed every check that needs no GPU."""
     if opts.write_model is not None:
         try:
             print(model.write_model(opts.write_model, opts.family, opts.layers[0] if opts.layers else None))
         except ValueError as exc:
             ap.error(str(exc))
         return OK
-    if opts.model is not None and not (opts.engine or opts.serve):
-        ap.error("--model runs with --engine or --serve")
     if opts.engine or opts.serve:
-        why = prepare_models(opts, ft_args) or (serve.openai_missing() if opts.serve else None)
+        why = (early_checks(opts, ft_args) or cuda_missing() or prepare_models(opts, ft_args)
+               or (serve.openai_missing() if opts.serve else None))
         if why:
             print(f"{prog}: error: {why}", file=sys.stderr)
             return ERR
-    elif ft_args:
-        ap.error("FreeToken options after -- are for --engine and --serve with --model")
-    import torch
-
-    if not torch.cuda.is_available():
-        print("bench: no CUDA device; nothing to measure (use --startup for the start-up benchmark)",
-              file=sys.stderr)
-        return ERR
+    else:
+        why = cuda_missing()
+        if why:
+            print(f"bench: {why}", file=sys.stderr)
+            return ERR
     if opts.engine:
         from .engine_plot import plot as engine_plot
         from .engine_report import markdown as engine_markdown

@@ -148,6 +148,8 @@ def write_model(folder: str, family: str, layers: int | None) -> str:
         check_layers(48 if layers is None else layers)
     elif layers is not None and layers < 1:
         raise ValueError(f"--layers {layers}: accepted values are 1 or more")
+    if not folder:
+        raise ValueError("--write-model '': accepted values are a new or empty directory")
     folder = os.path.abspath(folder)
     if os.path.exists(folder) and not (os.path.isdir(folder) and not os.listdir(folder)):
         raise ValueError(f"--write-model {folder!r} already exists and is not an empty directory; accepted values "
@@ -155,12 +157,19 @@ def write_model(folder: str, family: str, layers: int | None) -> str:
     parent = os.path.dirname(folder)
     if not os.path.isdir(parent):
         raise ValueError(f"--write-model {folder!r}: its parent directory does not exist")
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
+    try:
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
+    except OSError as exc:
+        raise ValueError(f"--write-model {folder!r}: cannot write in {parent!r} ({exc.strerror}); accepted values "
+                         "are a new or empty directory in a writable one") from None
     try:
         if family == SYNTHETIC:
             build_model_dir(staging, 48 if layers is None else layers)
         else:
             write_config_model(staging, family, layers)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 is for the staging, not for the model
         if os.path.isdir(folder):
             os.rmdir(folder)
         os.rename(staging, folder)

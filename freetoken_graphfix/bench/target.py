@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,18 +105,21 @@ def parse_freetoken_args(model_dir: str, ft_args: list[str]) -> Any:
     """FreeToken's own ``ft serve`` parser over ``ft_args``; its error (argparse's usage error or an
     exception from resolving the options) becomes one ``TargetError`` line. FreeToken logs the parsed
     arguments to stdout: held back here, as are its INFO lines."""
-    from freetoken.server.args import parse_args
-
     err = io.StringIO()
     before = logging.root.manager.disable
     logging.disable(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    try:  # FreeToken's import logs and warns too (its own stdout handler, triton): held back with the rest
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from freetoken.server.args import parse_args
+
             args, _ = parse_args(["--model", model_dir, *ft_args], prog="ft serve")
     except SystemExit:
         lines = [ln for ln in err.getvalue().strip().splitlines() if ln.strip()]
         why = lines[-1].split("error: ", 1)[-1] if lines else "rejected"
         raise TargetError(f"FreeToken option after --: {why} (FreeToken's own ft serve options)") from None
+    except ImportError:
+        raise  # FreeToken (or a module it needs) is not installed: the CLI says which, in one line
     except Exception as exc:
         raise TargetError(f"FreeToken cannot use --model {model_dir!r} with {' '.join(ft_args) or 'its defaults'}: "
                           f"{type(exc).__name__}: {exc}") from None
@@ -124,12 +128,22 @@ def parse_freetoken_args(model_dir: str, ft_args: list[str]) -> Any:
     return args
 
 
+def precheck(model_dir: str, ft_args: list[str]) -> dict[str, Any]:
+    """What can be checked before FreeToken is imported (seconds, on a machine without a GPU too):
+    the options the bench owns, also abbreviated (FreeToken's parser takes ``--hos`` for ``--host``),
+    and the model directory. Returns its config; ``TargetError`` in one line otherwise."""
+    for arg in ft_args:
+        name = arg.split("=", 1)[0]
+        owned = [o for o in BENCH_OWNS if name.startswith("--") and len(name) > 2 and o.startswith(name)]
+        if owned:
+            read_as = "" if name in BENCH_OWNS else f" (FreeToken reads it as {owned[0]})"
+            raise TargetError(f"FreeToken option after --: {name}{read_as}: the bench sets it itself; leave it out")
+    return read_config(model_dir)
+
+
 def from_model(model_dir: str, ft_args: list[str]) -> Target:
     """The ``--model`` target, refused in one line when it is no model or FreeToken rejects an option."""
-    owned = [a for a in ft_args if a.split("=", 1)[0] in BENCH_OWNS]
-    if owned:
-        raise TargetError(f"FreeToken option after --: {owned[0]}: the bench sets it itself; leave it out")
-    config = read_config(model_dir)
+    config = precheck(model_dir, ft_args)
     model_type, architecture, positions = family(config)
     args = parse_freetoken_args(model_dir, ft_args)
     dummy = bool(args.use_dummy_weight)
