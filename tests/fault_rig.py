@@ -33,7 +33,9 @@ class EngineRig:
         """Runs once the table exists, before the capture: what a patched ``__init__`` adds."""
 
     def capture(self) -> None:
-        self.runner = harness.make_runner(self.model, self.fake.default, bs_list=(1, 2, 4))
+        self.cache = harness.OffloadCache()
+        self.runner = harness.make_runner(self.model, self.fake.default, bs_list=(1, 2, 4),
+                                          moe_offload_cache=self.cache)
         self.engine = harness.engine_for(self.runner, self.table, self.model, self.fake.ctx)
 
     def step(self, bs: int, seed: int, pad: bool = False) -> dict:

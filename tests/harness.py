@@ -148,14 +148,35 @@ class Attn:
             raise RuntimeError("prepare_for_replay failed before the launch")
 
 
-def make_runner(model: PleModel, stream, bs_list=(1, 2)):
+class OffloadCache:
+    """Stands in for FreeToken's ``OffloadMoeCache`` where only its ``reset()`` matters: each reset
+    notes how many graph launches had run by then (``launches`` counts them, from the runner)."""
+
+    def __init__(self) -> None:
+        self.runner = None
+        self.resets: list[int] = []
+
+    def reset(self) -> None:
+        graphs = getattr(self.runner, "graph_map", {}) if self.runner is not None else {}
+        self.resets.append(sum(getattr(g, "launches", 0) for g in graphs.values()))
+
+
+def make_runner(model: PleModel, stream, bs_list=(1, 2), moe_offload_cache=None):
     from freetoken.engine.graph import GraphRunner
 
     dummy = SimpleNamespace(linear_slot_idx=None, table_idx=0, input_ids=torch.zeros(2, dtype=torch.int64),
                             device_len=1)
-    return GraphRunner(stream=stream, device=torch.device("cpu"), model=model, attn_backend=Attn(),
-                       cuda_graph_bs=list(bs_list), cuda_graph_max_bs=max(bs_list), free_memory=1 << 40,
-                       max_seq_len=64, vocab_size=VOCAB, dummy_req=dummy)
+    cls = GraphRunner
+    if moe_offload_cache is not None:  # the cache sees the runner's graphs as they are captured
+        class CacheRunner(GraphRunner):
+            def __init__(self, *args, **kwargs):
+                moe_offload_cache.runner = self
+                super().__init__(*args, **kwargs)
+
+        cls = CacheRunner
+    return cls(stream=stream, device=torch.device("cpu"), model=model, attn_backend=Attn(),
+               cuda_graph_bs=list(bs_list), cuda_graph_max_bs=max(bs_list), free_memory=1 << 40,
+               max_seq_len=64, vocab_size=VOCAB, dummy_req=dummy, moe_offload_cache=moe_offload_cache)
 
 
 class Step(SimpleNamespace):

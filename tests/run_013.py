@@ -47,7 +47,7 @@ def run_mode(mode: str | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         rig = Rig(tmp, mode)
         try:
-            out = {"at_capture": graphs(rig),
+            out = {"at_capture": graphs(rig), "cache_resets": list(rig.cache.resets),
                    "steps": [rig.step(bs, seed, pad=bs == 3) for seed, bs in enumerate([2, 2, 1, 3, 1])]}
             st = freetoken_graphfix.status()
             out["passes"] = [[(g["name"], g["action"], g["first_launch"]) for g in p["graphs"]] for p in st["passes"]]

@@ -86,6 +86,14 @@ def test_warm_replays_each_graph_after_the_pass(run):
     assert [{k: s[k] for k in OK} for s in r["steps"]] == [OK] * 5
 
 
+def test_warm_replays_leave_the_offload_cache_reset(run):
+    """0.1.3 resets the MoE offload cache after each capture and at the loop's end; the warm replays run
+    after the loop, so the shim resets it once more after them: serving starts from a clean cache."""
+    warm, deferred = run["warm"]["cache_resets"], run["deferred"]["cache_resets"]
+    assert warm[-1] == 3 and len(warm) == len(deferred) + 1  # the last reset after the three replays
+    assert all(n == 0 for n in deferred)  # nothing launched at capture: no extra reset needed
+
+
 def test_skip_warns_and_blocks(run):
     r = run["skip"]
     assert [s["fired"] for s in r["steps"]][0] is True

@@ -196,6 +196,18 @@ def test_run_finds_commands_beside_its_interpreter_first():
     assert run_cli("run", "--", "freetoken-graphfix", "--help", env=env).returncode == 0
 
 
+def test_run_prefers_its_environments_command_to_one_earlier_on_path(tmp_path):
+    """An unactivated venv's `ft` or `freetoken-graphfix` wins over another one first on PATH: that
+    one belongs to another environment, without the shim."""
+    decoy = tmp_path / "freetoken-graphfix"
+    decoy.write_text("#!/bin/sh\necho decoy\n")
+    decoy.chmod(0o755)
+    env = child_env(None)
+    env["PATH"] = os.pathsep.join([str(tmp_path), "/usr/bin", "/bin"])
+    out = run_cli("run", "--", "freetoken-graphfix", "--version", env=env)
+    assert out.returncode == 0 and out.stdout.startswith("freetoken-graphfix ") and "decoy" not in out.stdout
+
+
 def test_run_warns_about_another_interpreter(tmp_path):
     other = tmp_path / "python3"
     other.write_text("#!/bin/sh\nexit 0\n")

@@ -379,3 +379,25 @@ def test_a_table_whose_waiting_graphs_all_died_is_left_as_shipped(install, fake,
     batch, _ = harness.make_batch(2, seed=23)
     table.host_fill_batch(batch, False)  # an eager dispatch: the stager sees no graph waiting
     assert "host_fill_batch" not in vars(table)
+
+
+def test_a_capture_pass_that_raised_says_its_graphs_never_launched(install, fake, engine, monkeypatch):
+    """A capture loop that raises after its graphs were decided (deferred) built no runner: those
+    graphs can never launch, and status() must say so, not show them pending for ever."""
+    from freetoken.engine.graph import GraphRunner
+
+    install("deferred")
+    real = GraphRunner._reset_moe_offload_cache
+
+    def fails_at_the_end(self):
+        if len(getattr(self, "graph_map", {})) == 2:  # both graphs captured and decided
+            raise RuntimeError("capture failed after the last graph")
+        return real(self)
+
+    monkeypatch.setattr(GraphRunner, "_reset_moe_offload_cache", fails_at_the_end)
+    with pytest.raises(RuntimeError, match="capture failed"):
+        harness.make_runner(engine[1], fake.default)
+    graphs = freetoken_graphfix.status()["passes"][-1]["graphs"]
+    assert [g["action"] for g in graphs] == ["deferred", "deferred"]
+    assert [g["first_launch"] for g in graphs] == ["the capture pass raised: never launched"] * 2
+    assert pending() == 0

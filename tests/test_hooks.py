@@ -180,6 +180,24 @@ def test_missing_wait_reset_refused(clean_shim, monkeypatch):
     assert "lacks freetoken.kernel.row_store.wait_reset(stream, flag)" in freetoken_graphfix.status()["reason"]
 
 
+def test_a_wait_function_of_another_signature_is_refused(clean_shim, monkeypatch, caplog):
+    """A FreeToken whose wait_reset changed its parameters: the hook would record the wrong argument
+    as the flag, so the shim does not patch at all, with a WARNING naming what it expected."""
+    import freetoken.engine.graph as graph
+    import freetoken.kernel.row_store as row_store
+
+    def wait_reset(flag, stream, value=1):  # a future FreeToken
+        pass
+
+    monkeypatch.setattr(row_store, "wait_reset", wait_reset)
+    with caplog.at_level(logging.INFO, "freetoken_graphfix"):
+        freetoken_graphfix.install("auto")
+    assert not isinstance(vars(graph)["_upload_graph"], wrapt.FunctionWrapper)
+    assert vars(row_store)["wait_reset"] is wait_reset
+    assert "lacks freetoken.kernel.row_store.wait_reset(stream, flag)" in freetoken_graphfix.status()["reason"]
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+
+
 def test_failure_midway_leaves_nothing_patched(clean_shim, monkeypatch):
     import freetoken.engine.graph as graph
     import freetoken.kernel.row_store as row_store
@@ -257,6 +275,40 @@ def test_an_untested_release_without_a_private_detail_gets_no_deferral(clean_shi
     assert st["patched"] and not st["deferred"]["available"]
     assert st["deferred"]["reason"] == "missing DiskRowTable.host_fill_batch returns the deferred fill"
     assert "deferred path: missing DiskRowTable.host_fill_batch returns the deferred fill" in st["reason"]
+
+
+def test_an_untested_release_whose_lookup_waits_on_something_else_gets_no_deferral(clean_shim, monkeypatch):
+    """The guard releases the table's ``_flag``: a release whose lookup no longer waits on it must not
+    get the deferred path (warm instead), the reason naming the detail."""
+    from freetoken.models.qwen4_exp.ple_disk import DiskRowTable
+
+    from freetoken_graphfix import compat
+
+    def lookup(self, row_ids, out=None):
+        return self._other_sync.wait(row_ids)
+
+    monkeypatch.setattr(compat, "freetoken_version", lambda: "0.2.9")
+    monkeypatch.setattr(DiskRowTable, "lookup", lookup)
+    freetoken_graphfix.install("auto")
+    st = freetoken_graphfix.status()
+    assert st["patched"] and not st["deferred"]["available"]
+    assert st["deferred"]["reason"] == "missing DiskRowTable.lookup waits on self._flag"
+
+
+@pytest.mark.parametrize("version", ["unknown", "0.2.1-dirty-tree"])
+def test_a_release_of_no_valid_version_is_an_untested_one(clean_shim, monkeypatch, caplog, version):
+    """A dev tree or a missing version file: not one of the tested releases, so the WARNING that
+    lists what was checked, not the INFO line of a tested one."""
+    import freetoken.engine.graph  # noqa: F401
+
+    from freetoken_graphfix import compat
+
+    monkeypatch.setattr(compat, "freetoken_version", lambda: version)
+    with caplog.at_level(logging.INFO, "freetoken_graphfix"):
+        freetoken_graphfix.install("auto")
+    st = freetoken_graphfix.status()
+    assert st["freetoken"]["tested"] is False and "untested release, decided by feature" in st["reason"]
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
 
 
 def test_freetoken_020_is_patched(freetoken_tree):

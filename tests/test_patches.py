@@ -184,6 +184,37 @@ def test_unwritable_folder_changes_nothing(freetoken_tree, tmp_path):
     assert digest(co) == original
 
 
+def folders(tree: Path) -> list[str]:
+    return sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_dir() and ".git" not in p.parts)
+
+
+def test_staging_that_fails_midway_leaves_nothing_behind(freetoken_tree, tmp_path):
+    """The first files staged, then a folder that cannot be written: the staged copies and the test
+    folders made for the new files are gone again, so "nothing was changed" is true."""
+    co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken")
+    locked = co / "python/freetoken/engine"  # graph.py: staged after ple_disk.py and its new test file
+    original, dirs = digest(co), folders(co)
+    locked.chmod(0o555)
+    try:
+        out = unprivileged("apply", "--repo", str(co))
+    finally:
+        locked.chmod(0o755)
+    assert out.returncode == 1 and "cannot write python/freetoken/engine/graph.py" in out.stderr, out.stderr
+    assert "nothing was changed" in out.stderr
+    assert digest(co) == original and folders(co) == dirs
+    assert not [p for p in co.rglob("*graphfix-staged*")]
+
+
+def test_apply_and_revert_keep_each_files_permissions(freetoken_tree, tmp_path):
+    co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken")
+    files = [co / "python/freetoken/models/qwen4_exp/ple_disk.py", co / "python/freetoken/engine/graph.py"]
+    for f, mode in zip(files, (0o640, 0o755), strict=True):
+        f.chmod(mode)
+    for action in (patching.apply, patching.revert):
+        action(patching.repo_target(co))
+        assert [f.stat().st_mode & 0o777 for f in files] == [0o640, 0o755], action.__name__
+
+
 def test_another_release_is_refused_in_one_line(freetoken_tree, tmp_path):
     co = checkout(freetoken_tree("0.2.0"), tmp_path / "FreeToken")
     original = digest(co)

@@ -179,3 +179,17 @@ def test_a_child_never_outlives_a_killed_wrapper(tmp_path):
     finally:
         if alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_signal_before_the_child_exists_reaches_it(tmp_path):
+    """A SIGTERM that lands while the wrapper is still starting the child waits for it and is passed
+    on: the wrapper never dies of it alone, leaving the child behind."""
+    from .test_bootstrap import TRAPPER
+
+    (tmp_path / "trapper.py").write_text(TRAPPER)
+    code = ("import os, signal, sys\nfrom freetoken_graphfix import run\nreal = run._start\n"
+            "def early(argv, env, mask):\n    os.kill(os.getpid(), signal.SIGTERM)\n    return real(argv, env, mask)\n"
+            "run._start = early\n"
+            f"sys.exit(run.supervise([sys.executable, {str(tmp_path / 'trapper.py')!r}], dict(os.environ)))")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True, timeout=60)
+    assert out.returncode in (40 + signal.SIGTERM, 128 + signal.SIGTERM), (out.returncode, out.stderr)

@@ -130,6 +130,25 @@ def test_slow_warm_replay_in_the_capture_loop(install, fake, tmp_path, caplog):
     assert caplog.records == [] and int(table._flag[0]) == 0
 
 
+def test_without_a_limit_given_a_warm_replay_has_the_readmes_ten_seconds(fake, tmp_path, monkeypatch):
+    """Every user runs without a limit of their own: the warm replay in FreeToken's capture loop then
+    waits the 10 s the README promises before calling a graph stuck (a busy GPU takes seconds)."""
+    from freetoken_graphfix import hooks
+
+    limits = []
+    real = hooks.warm_replay
+
+    def spy(*args, timeout_s, **kwargs):
+        limits.append(timeout_s)
+        return real(*args, timeout_s=timeout_s, **kwargs)
+
+    monkeypatch.setattr(hooks, "warm_replay", spy)
+    table = harness.make_table(harness.write_rows(tmp_path))
+    freetoken_graphfix.install("warm", device=fake)  # no warm_timeout_s, as from the .pth
+    runner = harness.make_runner(harness.PleModel(table, fake, fake.ctx), fake.default, (1, 2))
+    assert limits == [10.0, 10.0] and all(g.launches == 1 for g in runner.graph_map.values())
+
+
 def test_warm_replay_still_running_raises_in_the_capture_loop(install, fake, tmp_path):
     """Still running past the limit: no upload can be queued behind it, so WarmReplayError, and the
     graph still completes (a rebuild's rollback then synchronizes instead of hanging)."""
