@@ -146,6 +146,7 @@ def test_bad_model_input_is_one_line_naming_it(models, tmp_path, capsys, monkeyp
 @pytest.mark.parametrize("args, message", [
     (["--engine", "--context", "0"], "argument --context: '0': accepted values are whole numbers of 1 or more"),
     (["--model", "x"], "--model runs with --engine or --serve"),
+    (["--model", ""], "--model runs with --engine or --serve"),
     (["--json", "/nonexistent/dir/x.json", "--startup"], "--json '/nonexistent/dir/x.json': cannot be written"),
     (["--engine", "--watchdog", "nan"], "argument --watchdog: 'nan': accepted values are seconds above 0"),
     (["--engine", "--hang-timeout", "-5"], "argument --hang-timeout: '-5': accepted values are seconds above 0"),
