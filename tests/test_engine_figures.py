@@ -330,3 +330,39 @@ def test_a_host_bound_decode_step_is_named():
     assert engine_report.host_bound(record["summary"]) == [
         f"upstream bs {bs}: the graph step takes 70% of the decode step's GPU time (host-bound: the step's GPU time "
         "and tok/s follow the host)" for bs in ("2", "1")]
+
+
+class FakeDriver:
+    """The CUDA driver calls make_copies makes, noted: each instantiate a new handle."""
+
+    def __init__(self):
+        self.uploaded, self.launched, self.next = [], [], 100
+
+    def instantiate(self, graph):
+        self.next += 1
+        return self.next
+
+    def upload(self, handle, stream):
+        self.uploaded.append(handle)
+
+    def launch(self, handle, stream):
+        self.launched.append(handle)
+
+
+def test_the_copies_made_are_the_schedules_copies_and_the_engines_graph_is_not_one():
+    """Every label the loop schedules but "own" gets a fresh executable, uploaded exactly where its
+    label says so and launched once; "own" stays the engine's own graph (no copy stands for it)."""
+    from types import SimpleNamespace
+
+    stream = SimpleNamespace(cuda_stream=7, synchronize=lambda: None)
+    graph = SimpleNamespace(raw_cuda_graph=lambda: 1)
+    runner = SimpleNamespace(stream=stream, graph_map={2: graph, 1: graph}, resets=[])
+    runner._reset_moe_offload_cache = lambda: runner.resets.append(1)
+    driver = FakeDriver()
+    made = child.make_copies(runner, 4, None, None, driver)
+    want = [label for label in child.copy_labels(4) if label != "own"]
+    assert {bs: sorted(labels) for bs, labels in made.items()} == {2: sorted(want), 1: sorted(want)}
+    uploaded = {h for labels in made.values() for label, h in labels.items() if label.startswith("uploaded")}
+    assert set(driver.uploaded) == uploaded and len(uploaded) == 8
+    assert sorted(driver.launched) == sorted(h for labels in made.values() for h in labels.values())
+    assert runner.resets == [1]

@@ -12,11 +12,12 @@ launch blocks, so a deadlock is reported instead of hanging.
 
 With ``spec["copies"]`` the capture also keeps each graph's ``cudaGraph_t`` and makes fresh
 executables of it, as many uploaded as never uploaded, each launched once right after the capture
-with its WAIT released beforehand; the decode loop then launches, step by step in rotated order,
-the engine's own executable and those copies in the engine's own slot (same graph, same memory,
-same inputs, the WAIT released by the step's own fill), so the upload is measured inside the decode
-loop of one process. A traced run (``spec["trace"]``) initialises CUPTI before the capture, makes no
-copies, and records the decode workload's kernel timeline instead of timing it.
+with its WAIT released beforehand; the decode loop then launches, step by step in a fixed cycle
+(``loop_schedule``), the engine's own executable and those copies in the engine's own slot (same
+graph, same memory, same inputs, the WAIT released by the step's own fill), so the upload is
+measured inside the decode loop of one process. A traced run (``spec["trace"]``) initialises CUPTI
+before the capture, makes no copies, and records the decode workload's kernel timeline instead of
+timing it.
 Prints one ``GRAPHFIX_ENGINE_RESULT {json}`` line.
 """
 
@@ -155,7 +156,7 @@ def make_copies(runner, copies: int, flag, release, driver: Driver) -> dict[int,
     made: dict[int, dict[str, int]] = {}
     for bs, graph in runner.graph_map.items():
         made[bs] = {}
-        for label in copy_labels(copies)[1:]:
+        for label in (label for label in copy_labels(copies) if label != "own"):
             handle = made[bs][label] = driver.instantiate(graph.raw_cuda_graph())
             if label.startswith("uploaded"):
                 driver.upload(handle, stream.cuda_stream)

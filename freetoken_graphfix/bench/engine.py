@@ -253,7 +253,7 @@ def add_arguments(group: Any) -> None:
                             "cross-process ratio (default 4)")
     group.add_argument("--copies", type=non_negative, default=4,
                        help="fresh executables of each engine graph per process, as many uploaded and never "
-                            "uploaded, launched in rotated order with the engine's own in its decode loop: the "
+                            "uploaded, launched in turn with the engine's own in its decode loop: the "
                             "upload measured inside one process (0: off; default 4)")
     group.add_argument("--replays", type=positive, default=50,
                        help="timed replays of each executable (the engine's graph, each copy) from an idle GPU, "
