@@ -172,15 +172,15 @@ def what_runs(opts: argparse.Namespace) -> str:
     return "the rig"
 
 
-REPORTS = {"--markdown": ("the rig", "--engine", "--from-json"), "--plot": ("the rig", "--engine", "--from-json")}
+REPORTERS = ("the rig", "--engine", "--from-json")  # what writes --markdown and --plot
 
 
 def misplaced_report(opts: argparse.Namespace) -> str | None:
     """``--markdown`` or ``--plot`` where nothing would write it: refused, not silently ignored."""
     mode = what_runs(opts)
-    for option, where in REPORTS.items():
-        if getattr(opts, option[2:]) is not None and mode not in where:
-            return f"{option} is written by {', '.join(where)}, not by {mode}"
+    for option in ("markdown", "plot"):
+        if getattr(opts, option) is not None and mode not in REPORTERS:
+            return f"--{option} is written by {', '.join(REPORTERS)}, not by {mode}"
     return None
 
 

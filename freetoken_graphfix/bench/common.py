@@ -156,14 +156,10 @@ class Case:
 
 
 def cases(opts: argparse.Namespace) -> list[Case]:
-    """``--model``'s one case, else the synthetic model at each ``--layers`` (refused here, in one line
-    raised as ``ValueError``, before any runs)."""
-    from .model import check_layers
-
+    """``--model``'s one case, else the synthetic model at each ``--layers`` (sizes the CLI's early
+    checks refused already, before FreeToken was imported)."""
     if opts.target is not None and not opts.target.synthetic:
         return [Case(opts.target, None)]
-    for layers in opts.layers:
-        check_layers(layers)
     return [Case(synthetic(opts.context, opts.decode_steps), layers) for layers in opts.layers]
 
 

@@ -225,6 +225,16 @@ def aa_lines(record: dict[str, Any]) -> list[str]:
 
 # ---------------------------------------------------------------- across processes
 
+def cross_figure(record: dict[str, Any], name: str, bs: str, triple: list[float]) -> tuple[str, str]:
+    """One cross-process ratio (``[ratio, SE, dof]``) as ``bs 2 +0.10% ± 0.20%`` and its verdict, held to
+    the A/A floor of that figure and bs (none judged without one)."""
+    half = half_width(triple[1], int(triple[2]))
+    floor = aa_floor(record["summary"], name, bs)
+    verdict = NO_AA.format(no_aa_reason(record["summary"], record["wait_case"])) if floor is None else \
+        judged(triple[0], half, floor)
+    return f"bs {bs} {pct(triple[0], half)}", verdict
+
+
 def cross_verdicts(record: dict[str, Any]) -> tuple[list[str], dict[tuple[str, str, str], str]]:
     """Per compared arm, the decode loop's figures across processes (within host modes, against the
     A/A floor); and each verdict by (arm, figure, bs), for the diagnostics to be held against."""
@@ -236,11 +246,8 @@ def cross_verdicts(record: dict[str, Any]) -> tuple[list[str], dict[tuple[str, s
         for name, _, what in CROSS[:2]:
             parts, verdicts = [], []
             for bs, t in summary["arms"][arm]["cross"].get(name, {}).items():
-                half = half_width(t[1], int(t[2]))
-                floor = aa_floor(summary, name, bs)
-                v = NO_AA.format(no_aa_reason(summary, record["wait_case"])) if floor is None else \
-                    judged(t[0], half, floor)
-                parts.append(f"bs {bs} {pct(t[0], half)}")
+                part, v = cross_figure(record, name, bs, t)
+                parts.append(part)
                 verdicts.append(v)
                 by[arm, name, bs] = v
             if parts:
@@ -285,11 +292,8 @@ def diagnostic_lines(record: dict[str, Any], loop_by: dict[tuple[str, str, str],
     for arm in compared(summary):
         parts, verdicts = [], []
         for bs, t in summary["arms"][arm]["cross"].get("replay", {}).items():
-            half = half_width(t[1], int(t[2]))
-            floor = aa_floor(summary, "replay", bs)
-            v = NO_AA.format(no_aa_reason(summary, record["wait_case"])) if floor is None else \
-                judged(t[0], half, floor)
-            parts.append(f"bs {bs} {pct(t[0], half)}")
+            part, v = cross_figure(record, "replay", bs, t)
+            parts.append(part)
             verdicts.append(held_against(v, loop_by.get((arm, "graph", bs))))
         if parts:
             lines.append(f"  {arm} vs never uploaded ({base}), the graph replayed back to back, across processes: "
@@ -298,27 +302,26 @@ def diagnostic_lines(record: dict[str, Any], loop_by: dict[tuple[str, str, str],
         own = s["own_idle"]
         if not own:
             continue
-        loop_launch = {bs: judged(f["ratio"], f["half"]) for bs, f in s["own_in_loop"].get("launch", {}).items()}
-        parts, verdicts = [], []
-        for bs, (ratio, se, n) in own.items():
-            half = half_width(se, int(n) - 1)
-            parts.append(f"bs {bs} {pct(ratio, half)}")
-            verdicts.append(held_against(judged(ratio, half), loop_launch.get(bs)))
-        lines.append(f"  {arm}'s own graph over its never-uploaded copies, replayed back to back: {', '.join(parts)}: "
-                     f"{worst(verdicts)}")
+        lines.append(f"  {arm}'s own graph over its never-uploaded copies, replayed back to back: "
+                     + idle_against_loop(own, s["own_in_loop"]))
     idle = summary["upload_idle"]
     if idle:
-        loop_launch = {bs: judged(f["ratio"], f["half"])
-                       for bs, f in summary["upload_in_loop"].get("launch", {}).items()}
-        parts, verdicts = [], []
-        for bs, (ratio, se, n, _) in idle.items():
-            half = half_width(se, int(n) - 1)
-            parts.append(f"bs {bs} {pct(ratio, half)}")
-            verdicts.append(held_against(judged(ratio, half), loop_launch.get(bs)))
         _, _, processes, each = next(iter(idle.values()))
         lines.append(f"  the upload itself, replayed back to back ({each} uploaded and as many never-uploaded copies, "
-                     f"{processes} processes): {', '.join(parts)}: {worst(verdicts)}")
+                     f"{processes} processes): " + idle_against_loop(idle, summary["upload_in_loop"]))
     return lines
+
+
+def idle_against_loop(idle: dict[str, list[float]], in_loop: dict[str, dict[str, Any]]) -> str:
+    """In-process figures from idle per bs (``[ratio, SE, processes, ...]``) with their verdict, held
+    against the same figure's graph launch in the decode loop."""
+    loop_launch = {bs: judged(f["ratio"], f["half"]) for bs, f in in_loop.get("launch", {}).items()}
+    parts, verdicts = [], []
+    for bs, (ratio, se, n, *_) in idle.items():
+        half = half_width(se, int(n) - 1)
+        parts.append(f"bs {bs} {pct(ratio, half)}")
+        verdicts.append(held_against(judged(ratio, half), loop_launch.get(bs)))
+    return f"{', '.join(parts)}: {worst(verdicts)}"
 
 
 # ---------------------------------------------------------------- the whole report

@@ -64,5 +64,5 @@ def judged(data: Any) -> Saved:
             for rec in data:  # a record of an earlier release has no expects_wait: what it found stands
                 rec.update(serve.judge(rec["runs"], rec.get("expects_wait", rec["wait_case"])))
             return Saved("serve", data, lambda: "\n\n".join(serve.render(r) for r in data),
-                         lambda: any(any(p.values()) for p in (r["problems"] for r in data)))
+                         lambda: any(any(r["problems"].values()) for r in data))
     raise TypeError("its shape")
