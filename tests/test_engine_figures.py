@@ -366,3 +366,24 @@ def test_the_copies_made_are_the_schedules_copies_and_the_engines_graph_is_not_o
     assert set(driver.uploaded) == uploaded and len(uploaded) == 8
     assert sorted(driver.launched) == sorted(h for labels in made.values() for h in labels.values())
     assert runner.resets == [1]
+
+
+def own_line(text: str, arm: str) -> str:
+    return next(ln for ln in text.splitlines() if ln.startswith(f"  {arm}'s own graph (") and "over its" in ln)
+
+
+def test_the_engines_own_graph_is_judged_against_a_never_uploaded_arms_own_graph():
+    """The engine's own executable goes through torch's replay, the copies through cuGraphLaunch: on a
+    host-bound step the own graph came out 1.4% quicker in every arm on the H200, uploaded or not. A
+    never-uploaded arm's own graph is then the control: it yields no verdict, and an uploaded arm's
+    speed-up the control shows too is not the upload's. Without it in the control, the speed-up stands."""
+    path = rec(upstream=[looped(i, own=0.985) for i in range(3)],
+               **{"pre-697": [looped(i, own=0.986) for i in range(3)]})
+    text = engine_report.render(path)
+    assert "as pre-697's own graph, never uploaded" in own_line(text, "upstream")
+    assert "not the upload" in own_line(text, "pre-697")
+    assert "FASTER" not in text.split("kernel timeline")[0]
+    real = engine_report.render(rec(upstream=[looped(i, own=0.985) for i in range(3)],
+                                    **{"pre-697": [looped(i) for i in range(3)]}))
+    assert own_line(real, "upstream").endswith(engine_report.FASTER)
+    assert own_line(real, "pre-697").endswith(engine_report.NO_COST)
