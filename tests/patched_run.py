@@ -3,34 +3,72 @@
 ``python -m tests.patched_run`` prints one JSON line: the patched ``GraphRunner`` captures bs 1, 2
 and 4 over a real ``DiskRowTable`` (wait-sync) and FreeToken's own ``Engine.forward_batch``
 dispatches decode steps in serving order; large graphs block their first never-uploaded launch
-behind their WAIT, as on the H200. Then the faults: a rebuild, a fill that raises, a launch that
-raises at and before the launch.
+behind their WAIT, as on the H200. Then a rebuild, and the faults on the worker's path, which the
+series handles as FreeToken's HIP path does: a fill or a launch that raises there fails the table,
+the next dispatch says so, and a recreated engine is protected again.
 """
 
 import json
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+from . import harness
 from .fault_rig import EngineRig
 from .harness import Step
 
 
 class Rig(EngineRig):
+    def __init__(self, tmp: str) -> None:
+        self.tmp, self.submits, self._before, self.engines = tmp, 0, 0, 1
+        super().__init__(tmp)
+
     def complete_table(self) -> None:
-        """What the patched ``DiskRowTable.__init__`` adds in CUDA wait-sync mode (the harness builds
-        the table without its device buffers): the sizes captured and not yet launched, and the
-        worker that fills their launches, counting what runs on it."""
+        """What the patched ``DiskRowTable.__init__`` sets in CUDA wait-sync mode (the harness builds
+        the table without its device buffers): the worker, which 0.2.1 creates on HIP only, counting
+        what runs on it, and the sizes captured and not yet launched."""
         self.table._unlaunched_bs = set()
-        self.table._first_fill = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ple-first-fill")
-        self.submits = self._before = 0
-        submit = self.table._first_fill.submit
+        self.table._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ple-fill")
+        submit = self.table._worker.submit
 
         def counting_submit(*args, **kwargs):
             self.submits += 1
             return submit(*args, **kwargs)
 
-        self.table._first_fill.submit = counting_submit
+        self.table._worker.submit = counting_submit
+
+    def recreate(self) -> None:
+        """What a failed table asks for: a new engine, so a new table and its graphs captured again."""
+        self.table._worker.shutdown(wait=True)
+        self.runner.destroy_cuda_graphs()
+        self.engines += 1
+        again = Path(self.tmp) / f"engine-{self.engines}"
+        again.mkdir()
+        self.table = harness.make_table(harness.write_rows(again))
+        self.complete_table()
+        self.model = harness.PleModel(self.table, self.fake, self.fake.ctx)
+        self.capture()
+
+    def faults(self, out: dict) -> None:
+        from freetoken.models.qwen4_exp.ple_disk import DiskRowTable
+
+        real_fill = DiskRowTable.fill
+
+        def broken(self, runs, *, graph):
+            raise OSError("disk read failed")
+
+        self.mp.setattr(DiskRowTable, "fill", broken)
+        out["fill_raises"] = self.step(4, seed=20, pad=True)
+        self.mp.setattr(DiskRowTable, "fill", real_fill)
+        out["after_fill_raised"] = self.step(4, seed=21)
+        self.recreate()
+        self.runner.graph_map[2].fail_launch = True
+        out["launch_raises"] = self.step(2, seed=30)
+        self.runner.graph_map[2].fail_launch = False
+        out["after_launch_raised"] = self.step(2, seed=31)
+        self.recreate()
+        out["recreated"] = [self.step(bs, seed) for seed, bs in enumerate([2, 2], start=40)]
 
     def step(self, bs: int, seed: int, pad: bool = False) -> dict:
         self._before = self.submits
@@ -46,7 +84,7 @@ def run() -> dict:
         try:
             graphs = [rig.runner.graph_map[bs] for bs in (4, 2, 1)]
             out = {"uploaded": [g.uploaded for g in graphs], "launched_at_capture": [g.launches for g in graphs],
-                   "hip_worker": rig.table._worker is not None,
+                   "worker": rig.table._worker is not None,
                    "steps": [rig.step(bs, seed, pad=bs == 3) for seed, bs in enumerate([2, 2, 1, 3, 1])]}
             out["rebuild"] = rig.rebuild()
             rig.faults(out)
