@@ -59,10 +59,8 @@ class EngineRig:
         self.capture()
         return [self.step(bs, seed) for seed, bs in enumerate([1, 2], start=10)]
 
-    def faults(self, out: dict) -> None:
-        """A fill that raises, a launch that raises, a step that raises before its launch: each
-        followed by a step that must still be protected: a fault must neither leave a flag at 1 nor
-        unguard the retry."""
+    def fill_fault(self, out: dict) -> None:
+        """A step whose fill raises (bs 3 on the bs 4 graph), then one with the fill working again."""
         from freetoken.models.qwen4_exp.ple_disk import DiskRowTable
 
         real_fill = DiskRowTable.fill
@@ -74,6 +72,12 @@ class EngineRig:
         out["fill_raises"] = self.step(4, seed=20, pad=True)
         self.mp.setattr(DiskRowTable, "fill", real_fill)
         out["after_fill_raised"] = self.step(4, seed=21)
+
+    def faults(self, out: dict) -> None:
+        """A fill that raises, a launch that raises, a step that raises before its launch: each
+        followed by a step that must still be protected: a fault must neither leave a flag at 1 nor
+        unguard the retry."""
+        self.fill_fault(out)
         self.capture()
         self.runner.graph_map[2].fail_launch = True
         out["launch_raises"] = self.step(2, seed=30)

@@ -51,17 +51,9 @@ class Rig(EngineRig):
         self.capture()
 
     def faults(self, out: dict) -> None:
-        from freetoken.models.qwen4_exp.ple_disk import DiskRowTable
-
-        real_fill = DiskRowTable.fill
-
-        def broken(self, runs, *, graph):
-            raise OSError("disk read failed")
-
-        self.mp.setattr(DiskRowTable, "fill", broken)
-        out["fill_raises"] = self.step(4, seed=20, pad=True)
-        self.mp.setattr(DiskRowTable, "fill", real_fill)
-        out["after_fill_raised"] = self.step(4, seed=21)
+        """As on HIP, a fill or a launch that raises fails the table: the next step says so, and the
+        recreated engine's first launches are protected again."""
+        self.fill_fault(out)
         self.recreate()
         self.runner.graph_map[2].fail_launch = True
         out["launch_raises"] = self.step(2, seed=30)
