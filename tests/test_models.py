@@ -126,7 +126,11 @@ def test_write_model_is_all_or_nothing(tmp_path, capsys):
     (["--model", "{llama}", "--", "--hos=1.2.3.4"],
      "FreeToken option after --: --hos (FreeToken reads it as --host): the bench sets it itself"),
     (["--model", "", "--", "--dummy-weight"], "--model '' does not exist; accepted values are a model directory"),
-    (["--", "--dummy-weight"], "FreeToken options after -- need --model"),
+    (["--", "--dummy-weight"], "FreeToken option after --: --dummy-weight: the synthetic model runs the disk PLE"),
+    (["--", "--ple-back", "pinned"], "FreeToken option after --: --ple-back: the synthetic model runs the disk PLE"),
+    (["--", "--moe-strategy", "bogus"],
+     "FreeToken option after --: argument --moe-strategy: invalid choice: 'bogus' (choose from 'auto', 'fused'"),
+    (["--", "--port", "8000"], "FreeToken option after --: --port: the bench sets it itself"),
     (["--model", "{llama}", "--layers", "48", "--", "--dummy-weight"], "--layers sizes the synthetic model"),
     (["--model", "{llama}", "--context", "131000", "--", "--dummy-weight"],
      "--context 131000 + --decode-steps 200 = 131200 tokens: the model holds at most 131072"),
@@ -231,3 +235,19 @@ def test_the_markdown_report_has_775s_shape():
                   "s2 0.190 s3 0.190 s4 0.190", "free GPU memory after capture, upstream: 9000 MiB",
                   "the upload in the decode loop, same graph, same process: not measured"):
         assert piece in text, piece
+
+
+def test_freetoken_options_follow_the_synthetic_models_own_and_replace_them(tmp_path):
+    """``bench --engine --layers 8 -- --moe-strategy offload``: the synthetic model with MoE offload in
+    place of its resident experts, as FreeToken's own parser reads the options the engine gets."""
+    from freetoken_graphfix.bench import model, target
+
+    own, ft_args = cli.split_freetoken_args(["--engine", "--layers", "8", "--", "--moe-strategy", "offload",
+                                             "--moe-collect-stats"])
+    opts = cli.parser().parse_args(own)
+    assert cli.early_checks(opts, ft_args) is None and cli.prepare_models(opts, ft_args) is None
+    (case,) = opts.cases
+    assert case.layers == 8 and case.target.synthetic and case.target.expects_wait
+    model.write_synthetic_config(str(tmp_path), 8)
+    args = target.parse_freetoken_args(str(tmp_path), list(case.target.ft_args))
+    assert (args.moe_strategy, args.moe_collect_stats, args.ple_backend) == ("offload", True, "disk")

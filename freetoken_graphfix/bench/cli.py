@@ -31,8 +31,10 @@ from .workload import DEFAULT_CONTEXT, DEFAULT_STEPS
 FAMILIES = (model.SYNTHETIC, *model.FAMILIES)  # what --write-model writes
 
 EPILOG = """\
-FreeToken's own ft serve options go after --, for --engine and --serve with --model, e.g.:
+FreeToken's own ft serve options go after --, for --engine and --serve (for the synthetic model
+they follow its own and replace them), e.g.:
   python -m freetoken_graphfix bench --engine --model ~/models/Qwen3-8B -- --attention-backend triton
+  python -m freetoken_graphfix bench --engine --layers 320 -- --moe-strategy offload
   python -m freetoken_graphfix bench --write-model /tmp/llama --family llama   (config only: -- --dummy-weight)
 """
 
@@ -117,11 +119,9 @@ def split_freetoken_args(argv: list[str]) -> tuple[list[str], list[str]]:
 def early_checks(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     """``--engine``/``--serve`` input that can be refused before FreeToken (or torch) is imported: the
     prompt file, the options the bench owns, the model directory, ``--layers``; why not, in one line."""
-    from .target import TargetError, precheck
+    from .target import TargetError, check_synthetic, precheck
     from .workload import read_text
 
-    if ft_args and opts.model is None:
-        return "FreeToken options after -- need --model (the synthetic model runs with its own)"
     if opts.model is not None and opts.layers:
         return "--layers sizes the synthetic model; with --model it has no meaning"
     try:
@@ -131,6 +131,7 @@ def early_checks(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
         else:
             from .model import check_layers
 
+            check_synthetic(ft_args)
             for layers in opts.layers or []:
                 check_layers(layers)
     except TargetError as exc:
@@ -151,16 +152,18 @@ def cuda_missing() -> str | None:
 
 def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     """Resolve ``--model`` (through FreeToken's own parser) and the workload; why not, in one line."""
-    from .target import TargetError, from_model
+    from .target import TargetError, from_model, parse_synthetic
     from .workload import check
 
     try:
+        if opts.model is None:
+            parse_synthetic(ft_args)
         opts.target = from_model(opts.model, ft_args) if opts.model is not None else None
         check(opts.context, opts.decode_steps, opts.target.max_positions if opts.target else None)
     except (TargetError, ValueError) as exc:
         return str(exc)
     opts.layers = opts.layers or [48]
-    opts.cases = cases(opts)
+    opts.cases = cases(opts, ft_args)
     return None
 
 
@@ -219,7 +222,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
         ap.error(why)
     if opts.from_json is not None:
         if ft_args:
-            ap.error("FreeToken options after -- are for --engine and --serve with --model")
+            ap.error("FreeToken options after -- are for --engine and --serve")
         return from_json(opts, prog)
     if opts.startup:
         record, text = startup(opts.startup_runs)
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
     if opts.model is not None and not (opts.engine or opts.serve):
         ap.error("--model runs with --engine or --serve")
     if ft_args and not (opts.engine or opts.serve):
-        ap.error("FreeToken options after -- are for --engine and --serve with --model")
+        ap.error("FreeToken options after -- are for --engine and --serve")
     try:
         return run(opts, ft_args, prog, ap)
     except ModuleNotFoundError as exc:  # bench's own needs (FreeToken, its tokenizer...): one line, not a traceback

@@ -155,12 +155,12 @@ class Case:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def cases(opts: argparse.Namespace) -> list[Case]:
-    """``--model``'s one case, else the synthetic model at each ``--layers`` (sizes the CLI's early
-    checks refused already, before FreeToken was imported)."""
+def cases(opts: argparse.Namespace, ft_args: list[str]) -> list[Case]:
+    """``--model``'s one case, else the synthetic model at each ``--layers`` with the FreeToken options
+    after ``--`` (what the CLI's early checks refused already, before FreeToken was imported)."""
     if opts.target is not None and not opts.target.synthetic:
         return [Case(opts.target, None)]
-    return [Case(synthetic(opts.context, opts.decode_steps), layers) for layers in opts.layers]
+    return [Case(synthetic(opts.context, opts.decode_steps, ft_args), layers) for layers in opts.layers]
 
 
 def run_cases(opts: argparse.Namespace, name: str, record: Callable[[Case, argparse.Namespace, str], dict],

@@ -65,6 +65,13 @@ def text_config(layers: int) -> dict[str, Any]:
         eos_token_id=EOS, bos_token_id=EOS)
 
 
+def write_synthetic_config(folder: str, layers: int) -> None:
+    """The synthetic qwen4_exp's ``config.json``."""
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump({"architectures": ["Qwen4ExpForConditionalGeneration"], "model_type": "qwen4_exp",
+                   "image_token_id": 248056, "tie_word_embeddings": False, "text_config": text_config(layers)}, fh)
+
+
 def meta_model(folder: str) -> tuple[Any, Any]:
     """(the synthetic model's configuration as FreeToken's own ``ft serve`` parser makes it from the
     options every bench runs it with, after the engine's own ``_adjust_config``; the model on the meta
@@ -196,9 +203,7 @@ def build_model_dir(folder: str, layers: int, seed: int = 1234) -> dict[str, Any
     from safetensors.torch import save_file
 
     check_layers(layers)
-    with open(os.path.join(folder, "config.json"), "w") as fh:
-        json.dump({"architectures": ["Qwen4ExpForConditionalGeneration"], "model_type": "qwen4_exp",
-                   "image_token_id": 248056, "tie_word_embeddings": False, "text_config": text_config(layers)}, fh)
+    write_synthetic_config(folder, layers)
     write_tokenizer(folder)
 
     sc, model = meta_model(folder)

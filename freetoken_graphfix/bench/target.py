@@ -1,9 +1,10 @@
 """The model a real-engine bench runs: the synthetic qwen4_exp this package writes, or ``--model``.
 
 ``--model`` is any model directory FreeToken loads (a checkpoint, or ``config.json`` and a tokenizer
-with ``-- --dummy-weight``). FreeToken's own ``ft serve`` options follow ``--``: they are validated
-by FreeToken's own parser (``freetoken.server.args.parse_args``) before any engine starts, and every
-option not given keeps the default FreeToken chooses for that model. Whether the model's decode graphs
+with ``-- --dummy-weight``). FreeToken's own ``ft serve`` options follow ``--`` (for the synthetic
+model too, after its own): they are validated by FreeToken's own parser
+(``freetoken.server.args.parse_args``) before any engine starts, and every option not given keeps the
+default FreeToken chooses for that model. Whether the model's decode graphs
 will hold a WAIT that the host releases after the launch (the one the upload exists for) is read from
 its config: qwen4_exp with real weights and the disk PLE backend; the runs then say what they found.
 """
@@ -16,11 +17,15 @@ import json
 import logging
 import math
 import os
+import tempfile
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 BENCH_OWNS = ("--model", "--model-path", "--host", "--port")  # bench sets these itself
+# what makes the synthetic model the WAIT case (the disk PLE table, its real weights): not the user's to change
+SYNTHETIC_FIXED = ("--ple-backend", "--dummy-weight")
 WAIT_FAMILY = "qwen4_exp"  # the one family with a host-released WAIT (disk PLE, CUDA wait-sync)
 
 
@@ -66,9 +71,33 @@ def synthetic_args(context: int, decode_steps: int) -> tuple[str, ...]:
             "--max-prefill-length", "1024", "--cache-type", "radix", "--text-model-only")
 
 
-def synthetic(context: int, decode_steps: int) -> Target:
-    return Target(None, synthetic_args(context, decode_steps), WAIT_FAMILY, "Qwen4ExpForConditionalGeneration",
-                  dummy=False, expects_wait=True, max_positions=None, max_running=2)
+def synthetic(context: int, decode_steps: int, ft_args: Sequence[str] = ()) -> Target:
+    """The synthetic qwen4_exp with its own options, then the user's (after ``--``: the last of an
+    option wins, so ``-- --moe-strategy offload`` replaces its resident experts)."""
+    return Target(None, (*synthetic_args(context, decode_steps), *ft_args), WAIT_FAMILY,
+                  "Qwen4ExpForConditionalGeneration", dummy=False, expects_wait=True, max_positions=None,
+                  max_running=2)
+
+
+def check_synthetic(ft_args: Sequence[str]) -> None:
+    """What the synthetic model's FreeToken options may not change, checked before FreeToken is
+    imported: the options the bench owns, and what makes it the disk PLE table's case."""
+    refuse_owned(ft_args)
+    for arg in ft_args:
+        name = arg.split("=", 1)[0]
+        if [o for o in SYNTHETIC_FIXED if name.startswith("--") and len(name) > 2 and o.startswith(name)]:
+            raise TargetError(f"FreeToken option after --: {name}: the synthetic model runs the disk PLE table with "
+                              "its real weights; leave it out, or bring a model with --model")
+
+
+def parse_synthetic(ft_args: Sequence[str]) -> None:
+    """FreeToken's own parser over the synthetic model's options and the user's, on its config alone:
+    ``TargetError`` in one line when FreeToken refuses one."""
+    from .model import MIN_LAYERS, write_synthetic_config
+
+    with tempfile.TemporaryDirectory() as folder:
+        write_synthetic_config(folder, MIN_LAYERS)
+        parse_freetoken_args(folder, [*synthetic_args(0, 0), *ft_args])
 
 
 def read_config(model_dir: str) -> dict[str, Any]:
@@ -132,13 +161,18 @@ def precheck(model_dir: str, ft_args: list[str]) -> dict[str, Any]:
     """What can be checked before FreeToken is imported (seconds, on a machine without a GPU too):
     the options the bench owns, also abbreviated (FreeToken's parser takes ``--hos`` for ``--host``),
     and the model directory. Returns its config; ``TargetError`` in one line otherwise."""
+    refuse_owned(ft_args)
+    return read_config(model_dir)
+
+
+def refuse_owned(ft_args: Sequence[str]) -> None:
+    """The options the bench sets itself, also abbreviated: ``TargetError`` naming the first."""
     for arg in ft_args:
         name = arg.split("=", 1)[0]
         owned = [o for o in BENCH_OWNS if name.startswith("--") and len(name) > 2 and o.startswith(name)]
         if owned:
             read_as = "" if name in BENCH_OWNS else f" (FreeToken reads it as {owned[0]})"
             raise TargetError(f"FreeToken option after --: {name}{read_as}: the bench sets it itself; leave it out")
-    return read_config(model_dir)
 
 
 def from_model(model_dir: str, ft_args: list[str]) -> Target:
