@@ -8,6 +8,7 @@ import argparse
 import json
 import shlex
 import sys
+import tempfile
 
 from . import engine, model, serve
 from .common import (
@@ -152,12 +153,14 @@ def cuda_missing() -> str | None:
 
 def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     """Resolve ``--model`` (through FreeToken's own parser) and the workload; why not, in one line."""
-    from .target import TargetError, from_model, parse_synthetic
+    from .target import TargetError, from_model, parse_freetoken_args, synthetic_args
     from .workload import check
 
     try:
-        if opts.model is None:
-            parse_synthetic(ft_args)
+        if opts.model is None:  # FreeToken's own parser over the synthetic model's options and the user's
+            with tempfile.TemporaryDirectory() as folder:
+                model.write_synthetic_config(folder, model.MIN_LAYERS)
+                parse_freetoken_args(folder, [*synthetic_args(0, 0), *ft_args])
         opts.target = from_model(opts.model, ft_args) if opts.model is not None else None
         check(opts.context, opts.decode_steps, opts.target.max_positions if opts.target else None)
     except (TargetError, ValueError) as exc:

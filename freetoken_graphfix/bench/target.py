@@ -17,7 +17,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,16 +87,6 @@ def check_synthetic(ft_args: Sequence[str]) -> None:
         if [o for o in SYNTHETIC_FIXED if name.startswith("--") and len(name) > 2 and o.startswith(name)]:
             raise TargetError(f"FreeToken option after --: {name}: the synthetic model runs the disk PLE table with "
                               "its real weights; leave it out, or bring a model with --model")
-
-
-def parse_synthetic(ft_args: Sequence[str]) -> None:
-    """FreeToken's own parser over the synthetic model's options and the user's, on its config alone:
-    ``TargetError`` in one line when FreeToken refuses one."""
-    from .model import MIN_LAYERS, write_synthetic_config
-
-    with tempfile.TemporaryDirectory() as folder:
-        write_synthetic_config(folder, MIN_LAYERS)
-        parse_freetoken_args(folder, [*synthetic_args(0, 0), *ft_args])
 
 
 def read_config(model_dir: str) -> dict[str, Any]:
