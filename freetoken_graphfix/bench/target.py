@@ -84,7 +84,7 @@ def check_synthetic(ft_args: Sequence[str]) -> None:
     refuse_owned(ft_args)
     for arg in ft_args:
         name = arg.split("=", 1)[0]
-        if [o for o in SYNTHETIC_FIXED if name.startswith("--") and len(name) > 2 and o.startswith(name)]:
+        if read_as(name, SYNTHETIC_FIXED):
             raise TargetError(f"FreeToken option after --: {name}: the synthetic model runs the disk PLE table with "
                               "its real weights; leave it out, or bring a model with --model")
 
@@ -154,14 +154,19 @@ def precheck(model_dir: str, ft_args: list[str]) -> dict[str, Any]:
     return read_config(model_dir)
 
 
+def read_as(name: str, options: Sequence[str]) -> list[str]:
+    """Those of ``options`` FreeToken's parser may read ``name`` as (argparse takes a prefix)."""
+    return [o for o in options if name.startswith("--") and len(name) > 2 and o.startswith(name)]
+
+
 def refuse_owned(ft_args: Sequence[str]) -> None:
     """The options the bench sets itself, also abbreviated: ``TargetError`` naming the first."""
     for arg in ft_args:
         name = arg.split("=", 1)[0]
-        owned = [o for o in BENCH_OWNS if name.startswith("--") and len(name) > 2 and o.startswith(name)]
+        owned = read_as(name, BENCH_OWNS)
         if owned:
-            read_as = "" if name in BENCH_OWNS else f" (FreeToken reads it as {owned[0]})"
-            raise TargetError(f"FreeToken option after --: {name}{read_as}: the bench sets it itself; leave it out")
+            reading = "" if name in BENCH_OWNS else f" (FreeToken reads it as {owned[0]})"
+            raise TargetError(f"FreeToken option after --: {name}{reading}: the bench sets it itself; leave it out")
 
 
 def from_model(model_dir: str, ft_args: list[str]) -> Target:
