@@ -97,6 +97,11 @@ def test_a_shim_arm_without_the_shim_is_a_problem():
     assert "expected action warm" in engine.arm_problems("warm", result(shim=shim("warm", "upload")), True)[0]
     assert "leaked" in engine.arm_problems("upstream", result(shim=shim("auto", "deferred")), True)[0]
     assert "not in CUDA wait-sync" in engine.arm_problems("upstream", result(wait_sync=False), True)[0]
+    assert "not in CUDA wait-sync" in engine.arm_problems("upstream", result(hip=True, fill_worker=True), True)[0]
+    # the series' table has its fill worker on CUDA too (for first launches): still the WAIT case
+    series = result(hip=False, fill_worker=True, freetoken_patched=True)
+    assert engine.arm_problems("patched", series, True) == []
+    assert "not in CUDA wait-sync" in engine.arm_problems("upstream", result(fill_worker=True), True)[0]  # old record
     patched = engine.arm_problems("upstream", result(freetoken_patched=True), True)
     assert patched and "the installed FreeToken carries the patch series" in patched[0]
 

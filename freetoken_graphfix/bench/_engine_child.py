@@ -450,7 +450,7 @@ def main(spec_path: str) -> None:
         "freetoken_file": graph_mod.__file__,
         "freetoken_uploads": upload is not None,  # FreeToken's own protection (#697), absent in 0.1.3
         "table": type(table).__name__, "wait_sync": bool(getattr(table, "_wait_sync", False)),
-        "fill_worker": getattr(table, "_worker", None) is not None,
+        "fill_worker": getattr(table, "_worker", None) is not None, "hip": torch.version.hip is not None,
         "graph_bs": sorted(runner.graph_map), "captured_waits": captured_waits[0],
         "capture_ms": capture_ms, "upload_ms": upload_ms, "build_s": build_s,
         "steps": {k: sum(s["kind"] == k for s in steps) for k in ("prefill", "decode", "graph")},

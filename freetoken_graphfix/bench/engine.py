@@ -81,9 +81,10 @@ def run_arm(arm: str, spec: dict[str, Any], opts: argparse.Namespace, log_dir: s
 
 def holds_wait(r: dict[str, Any]) -> bool:
     """Whether this run's decode graphs held a WAIT the host releases after the launch: the disk PLE
-    table in CUDA wait-sync mode, its WAIT captured (FreeToken's fill worker means HIP, which releases
-    before the launch)."""
-    return bool(r["wait_sync"] and r["captured_waits"] and not r["fill_worker"])
+    table in CUDA wait-sync mode, its WAIT captured (on HIP the fill worker releases it before the
+    launch). The table's fill worker alone does not say HIP: the patch series creates it on CUDA too;
+    records from before ``hip`` was recorded ran FreeToken's worker on HIP only."""
+    return bool(r["wait_sync"] and r["captured_waits"] and not r.get("hip", r["fill_worker"]))
 
 
 def arm_problems(arm: str, r: dict[str, Any], wait_case: bool, expects_wait: bool = True) -> list[str]:
