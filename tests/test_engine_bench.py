@@ -41,6 +41,40 @@ def test_model_dir_loads_through_freetokens_own_readers(model_dir):
     assert (src.total_rows, src.scale) == (built["rows"] * len(built["shards"]), model.PLE_SCALE)
 
 
+def test_nvfp4_model_dir_loads_through_freetokens_own_readers(tmp_path):
+    """The reporter's layout: FreeToken 0.2.1 reads the dense part by its HF names as the model's state
+    dict, and every routed expert through qwen4_exp's own ``nvfp4_expert_spec`` (ModelOpt)."""
+    from freetoken.layers.quantization import QuantKind, get_quant_config, set_quant_config
+    from freetoken.layers.quantization.configs.base import QuantConfig
+    from freetoken.models.weight import load_weight
+    from freetoken.moe.expert_pieces import iter_expert_pieces
+    from freetoken.utils import cached_load_hf_config
+
+    built = model.build_model_dir(str(tmp_path), layers=8, experts="nvfp4")
+    mc = built["config"].model_config
+    assert mc.expert_quant == "nvfp4"
+    assert not (tmp_path / "freetoken-00000.ftw").exists()
+    before = get_quant_config()
+    set_quant_config(QuantConfig.from_hf(cached_load_hf_config(str(tmp_path))))  # as the engine does at start
+    try:
+        got = {k: (tuple(v.shape), v.dtype) for k, v in
+               load_weight(str(tmp_path), torch.device("cpu"), include_moe_experts=False, include_vision=False)}
+        pieces = list(iter_expert_pieces(str(tmp_path), mc, QuantKind.NVFP4))
+    finally:
+        set_quant_config(before)
+    assert got == {k: (tuple(v.shape), v.dtype) for k, v in built["model"].state_dict().items()}
+    assert sorted((layer, e0) for layer, e0, _, _ in pieces) == [(la, e) for la in range(8) for e in range(8)]
+    h, i = mc.hidden_size, mc.moe_intermediate_size
+    roles = {k: (tuple(v.shape), v.dtype) for k, v in pieces[0][3].items()}
+    assert roles == {"gate": ((1, i, h // 2), torch.uint8), "up": ((1, i, h // 2), torch.uint8),
+                     "down": ((1, h, i // 2), torch.uint8),
+                     "gate_scale": ((1, i, h // 16), torch.float8_e4m3fn),
+                     "up_scale": ((1, i, h // 16), torch.float8_e4m3fn),
+                     "down_scale": ((1, h, i // 16), torch.float8_e4m3fn),
+                     "gate_global": ((1, 1), torch.float32), "up_global": ((1, 1), torch.float32),
+                     "down_global": ((1, 1), torch.float32)}
+
+
 def test_model_dir_is_seeded(model_dir, tmp_path):
     folder, _ = model_dir
     model.build_model_dir(str(tmp_path), layers=8)

@@ -106,6 +106,9 @@ def test_write_model_is_all_or_nothing(tmp_path, capsys):
         "are a new or empty directory")
     assert write_error(["--write-model", str(tmp_path / "m"), "--layers", "2"], capsys).startswith(
         "layers=2: need at least 4")
+    assert write_error(["--write-model", str(tmp_path / "m"), "--family", "llama", "--experts", "nvfp4"],
+                       capsys) == ("--experts nvfp4 is for the synthetic qwen4_exp (--family qwen4_exp); a config-only "
+                                   "llama model has dummy weights")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # nothing left behind
     assert cli.main(["--write-model", str(tmp_path / "m"), "--family", "llama", "--layers", "3"]) == 0
     written = json.loads((tmp_path / "m" / "config.json").read_text())
@@ -132,6 +135,8 @@ def test_write_model_is_all_or_nothing(tmp_path, capsys):
      "FreeToken option after --: argument --moe-strategy: invalid choice: 'bogus' (choose from 'auto', 'fused'"),
     (["--", "--port", "8000"], "FreeToken option after --: --port: the bench sets it itself"),
     (["--model", "{llama}", "--layers", "48", "--", "--dummy-weight"], "--layers sizes the synthetic model"),
+    (["--model", "{llama}", "--experts", "nvfp4", "--", "--dummy-weight"],
+     "--experts lays out the synthetic model's experts; with --model it has no meaning"),
     (["--model", "{llama}", "--context", "131000", "--", "--dummy-weight"],
      "--context 131000 + --decode-steps 200 = 131200 tokens: the model holds at most 131072"),
     (["--prompt-file", "/nonexistent.txt"], "--prompt-file '/nonexistent.txt': cannot be read as UTF-8 text"),
@@ -149,6 +154,7 @@ def test_bad_model_input_is_one_line_naming_it(models, tmp_path, capsys, monkeyp
 
 @pytest.mark.parametrize("args, message", [
     (["--engine", "--context", "0"], "argument --context: '0': accepted values are whole numbers of 1 or more"),
+    (["--engine", "--experts", "fp8"], "argument --experts: invalid choice: 'fp8' (choose from 'bf16', 'nvfp4')"),
     (["--model", "x"], "--model runs with --engine or --serve"),
     (["--model", ""], "--model runs with --engine or --serve"),
     (["--json", "/nonexistent/dir/x.json", "--startup"], "--json '/nonexistent/dir/x.json': cannot be written"),
@@ -251,3 +257,14 @@ def test_freetoken_options_follow_the_synthetic_models_own_and_replace_them(tmp_
     model.write_synthetic_config(str(tmp_path), 8)
     args = target.parse_freetoken_args(str(tmp_path), list(case.target.ft_args))
     assert (args.moe_strategy, args.moe_collect_stats, args.ple_backend) == ("offload", True, "disk")
+    assert case.target.experts == "bf16" and "FTW, bf16 experts" in case.target.describe()
+
+
+def test_nvfp4_experts_reach_the_synthetic_case():
+    own, ft_args = cli.split_freetoken_args(["--engine", "--layers", "320", "--experts", "nvfp4", "--",
+                                             "--moe-strategy", "hybrid"])
+    opts = cli.parser().parse_args(own)
+    assert cli.early_checks(opts, ft_args) is None and cli.prepare_models(opts, ft_args) is None
+    (case,) = opts.cases
+    assert (case.target.experts, case.label) == ("nvfp4", "320 layers nvfp4")
+    assert "NVFP4 experts, ModelOpt safetensors" in case.target.describe()

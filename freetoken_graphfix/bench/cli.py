@@ -91,6 +91,9 @@ def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.Argumen
                         help="the UTF-8 text to copy (default: the Apache License 2.0 shipped with this package)")
     models.add_argument("--jobs", type=positive, default=1,
                         help="--serve arms after the first, or --deadlock cases, run at once (default 1)")
+    models.add_argument("--experts", choices=model.EXPERTS, default="bf16",
+                        help="the synthetic qwen4_exp's routed experts: bf16 (an FTW checkpoint, default) or nvfp4 "
+                             "(#775's layout: a ModelOpt NVFP4 safetensors checkpoint)")
     models.add_argument("--write-model", metavar="DIR",
                         help="write a model to run (--family) into DIR, a new or empty directory, and exit")
     models.add_argument("--family", choices=FAMILIES, default="qwen4_exp",
@@ -125,6 +128,8 @@ def early_checks(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
 
     if opts.model is not None and opts.layers:
         return "--layers sizes the synthetic model; with --model it has no meaning"
+    if opts.model is not None and opts.experts != "bf16":
+        return "--experts lays out the synthetic model's experts; with --model it has no meaning"
     try:
         read_text(opts.prompt_file)
         if opts.model is not None:
@@ -159,7 +164,7 @@ def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     try:
         if opts.model is None:  # FreeToken's own parser over the synthetic model's options and the user's
             with tempfile.TemporaryDirectory() as folder:
-                model.write_synthetic_config(folder, model.MIN_LAYERS)
+                model.write_synthetic_config(folder, model.MIN_LAYERS, nvfp4_experts=opts.experts == "nvfp4")
                 parse_freetoken_args(folder, [*synthetic_args(0, 0), *ft_args])
         opts.target = from_model(opts.model, ft_args) if opts.model is not None else None
         check(opts.context, opts.decode_steps, opts.target.max_positions if opts.target else None)
@@ -252,7 +257,8 @@ def run(opts: argparse.Namespace, ft_args: list[str], prog: str, ap: argparse.Ar
     """The benchmark the options select, once they passed every check that needs no GPU."""
     if opts.write_model is not None:
         try:
-            print(model.write_model(opts.write_model, opts.family, opts.layers[0] if opts.layers else None))
+            print(model.write_model(opts.write_model, opts.family, opts.layers[0] if opts.layers else None,
+                                    opts.experts))
         except ValueError as exc:
             ap.error(str(exc))
         return OK

@@ -135,7 +135,8 @@ class Case:
 
     @property
     def label(self) -> str:
-        return f"{self.layers} layers" if self.target.synthetic else os.path.basename(
+        nvfp4 = " nvfp4" if self.target.experts == "nvfp4" else ""
+        return f"{self.layers} layers{nvfp4}" if self.target.synthetic else os.path.basename(
             os.path.normpath(self.target.model_dir or ""))
 
     @contextlib.contextmanager
@@ -149,7 +150,7 @@ class Case:
 
         folder = tempfile.mkdtemp(prefix=f"graphfix-{self.layers}L-", dir=log_dir)
         try:
-            build_model_dir(folder, int(self.layers or 0))
+            build_model_dir(folder, int(self.layers or 0), experts=self.target.experts)
             yield folder
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -160,7 +161,7 @@ def cases(opts: argparse.Namespace, ft_args: list[str]) -> list[Case]:
     after ``--`` (what the CLI's early checks refused already, before FreeToken was imported)."""
     if opts.target is not None and not opts.target.synthetic:
         return [Case(opts.target, None)]
-    return [Case(synthetic(opts.context, opts.decode_steps, ft_args), layers) for layers in opts.layers]
+    return [Case(synthetic(opts.context, opts.decode_steps, ft_args, opts.experts), layers) for layers in opts.layers]
 
 
 def run_cases(opts: argparse.Namespace, name: str, record: Callable[[Case, argparse.Namespace, str], dict],

@@ -26,6 +26,9 @@ MAX_POSITIONS = 131072  # room for #775's 64K context
 PLE_LAYER = 1  # zero-based; config.json counts from one
 PLE_PREFIX = f"model.language_model.layers.{PLE_LAYER}.ple.ple_embedding.ngram_embedding."
 PLE_SCALE = 0.25  # bf16-exact
+PLE_FILE = "ple-table-00000.safetensors"
+HF_TEXT_PREFIX = "model.language_model."  # the HF checkpoint's text-model prefix (qwen3_vl rename_vl_prefix)
+NVFP4_BLOCK = 16  # elements per FP8 block scale
 SYNTHETIC = "qwen4_exp"
 # config-only families for --dummy-weight: the shape of a small release of each (layers: the default)
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -65,11 +68,20 @@ def text_config(layers: int) -> dict[str, Any]:
         eos_token_id=EOS, bos_token_id=EOS)
 
 
-def write_synthetic_config(folder: str, layers: int) -> None:
-    """The synthetic qwen4_exp's ``config.json``."""
+def write_synthetic_config(folder: str, layers: int, nvfp4_experts: bool = False) -> None:
+    """The synthetic qwen4_exp's ``config.json``; with ``nvfp4_experts`` a ModelOpt
+    ``quantization_config`` that quantizes the routed experts alone (``MIXED_PRECISION``: every other
+    module stays bf16, as FreeToken's qwen4_exp reader expects of the dense part)."""
+    config: dict[str, Any] = {"architectures": ["Qwen4ExpForConditionalGeneration"], "model_type": "qwen4_exp",
+                              "image_token_id": 248056, "tie_word_embeddings": False,
+                              "text_config": text_config(layers)}
+    if nvfp4_experts:
+        config["quantization_config"] = {
+            "quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+            "quantized_layers": {f"{HF_TEXT_PREFIX}layers.{n}.mlp.experts": {"quant_algo": "NVFP4"}
+                                 for n in range(layers)}}
     with open(os.path.join(folder, "config.json"), "w") as fh:
-        json.dump({"architectures": ["Qwen4ExpForConditionalGeneration"], "model_type": "qwen4_exp",
-                   "image_token_id": 248056, "tie_word_embeddings": False, "text_config": text_config(layers)}, fh)
+        json.dump(config, fh)
 
 
 def meta_model(folder: str) -> tuple[Any, Any]:
@@ -147,10 +159,14 @@ def write_config_model(folder: str, family: str, layers: int | None = None) -> N
     write_tokenizer(folder)
 
 
-def write_model(folder: str, family: str, layers: int | None) -> str:
-    """``bench --write-model``: the synthetic qwen4_exp (``layers``, default 48) or a config-only
-    ``family`` model into ``folder``, a new or empty directory; all or nothing (written beside it, then
-    renamed). Returns the line that says how to run it."""
+def write_model(folder: str, family: str, layers: int | None, experts: str = "bf16") -> str:
+    """``bench --write-model``: the synthetic qwen4_exp (``layers``, default 48; routed experts in
+    ``experts``'s layout) or a config-only ``family`` model into ``folder``, a new or empty directory;
+    all or nothing (written beside it, then renamed). Returns the line that says how to run it."""
+    check_experts(experts)
+    if family != SYNTHETIC and experts != "bf16":
+        raise ValueError(f"--experts {experts} is for the synthetic {SYNTHETIC} (--family {SYNTHETIC}); a "
+                         f"config-only {family} model has dummy weights")
     if family == SYNTHETIC:
         check_layers(48 if layers is None else layers)
     elif layers is not None and layers < 1:
@@ -171,7 +187,7 @@ def write_model(folder: str, family: str, layers: int | None) -> str:
                          "are a new or empty directory in a writable one") from None
     try:
         if family == SYNTHETIC:
-            build_model_dir(staging, 48 if layers is None else layers)
+            build_model_dir(staging, 48 if layers is None else layers, experts=experts)
         else:
             write_config_model(staging, family, layers)
         umask = os.umask(0)
@@ -191,19 +207,32 @@ def check_layers(layers: int) -> None:
         raise ValueError(f"layers={layers}: need at least {MIN_LAYERS} (a QSA layer is every 4th, the PLE layer is 1)")
 
 
-def build_model_dir(folder: str, layers: int, seed: int = 1234) -> dict[str, Any]:
-    """Write config, tokenizer, FTW weights, bf16 expert banks and the PLE table into ``folder``.
+EXPERTS = ("bf16", "nvfp4")  # --experts: the routed experts' layout
+E2M1_RMS = math.sqrt(68.5 / 8)  # RMS of the 8 FP4 (e2m1) magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6: uniform random codes
 
-    FTW, not a raw HF checkpoint: qwen4_exp reads bf16 routed experts only from FTW banks, and
-    dummy weights would attach a ZeroTable (no WAIT) instead of the disk PLE table.
+
+def check_experts(experts: str) -> None:
+    if experts not in EXPERTS:
+        raise ValueError(f"--experts {experts}: accepted values are {', '.join(EXPERTS)}")
+
+
+def build_model_dir(folder: str, layers: int, seed: int = 1234, experts: str = "bf16") -> dict[str, Any]:
+    """Write config, tokenizer, weights, routed experts and the PLE table into ``folder``.
+
+    ``bf16`` experts: an FTW checkpoint, since qwen4_exp reads bf16 routed experts only from FTW banks
+    (dummy weights would attach a ZeroTable, no WAIT, instead of the disk PLE table). ``nvfp4``: the
+    layout of an NVIDIA ModelOpt export (#775's Qwen3.8-Flash-Next-NVFP4), which FreeToken reads
+    straight from safetensors (``models/qwen4_exp/weight.py``: ``iter_weights`` for the dense part,
+    ``nvfp4_expert_spec`` for the experts): per-expert ``gate_proj``/``up_proj``/``down_proj`` FP4
+    codes, FP8 block scales and an FP32 global scale, the rest bf16 under the HF names.
     """
     import torch
-    from freetoken.checkpoint.ftw import FTWWriter
     from freetoken.models.qwen4_exp.ple import derive_ngram_hash_constants
     from safetensors.torch import save_file
 
     check_layers(layers)
-    write_synthetic_config(folder, layers)
+    check_experts(experts)
+    write_synthetic_config(folder, layers, nvfp4_experts=experts == "nvfp4")
     write_tokenizer(folder)
 
     sc, model = meta_model(folder)
@@ -213,23 +242,56 @@ def build_model_dir(folder: str, layers: int, seed: int = 1234) -> dict[str, Any
         ngram_vocab_size_base=a4.ngram_vocab_size_base, ple_layer_index=0)
     hash_buffers = {"layer_multipliers": mult, "ngram_heads_vocab_sizes": sizes, "ngram_heads_offsets": offs}
     g = torch.Generator().manual_seed(seed)
-    writer = FTWWriter(folder)
+    dense = {}
     for name, t in model.state_dict().items():  # exactly the model's state dict
         if t.dtype == torch.int64:  # the PLE hash buffers ship in the checkpoint
-            writer.add_tensor(name, torch.tensor(hash_buffers[name.rsplit(".", 1)[1]]), kind="weight")
+            dense[name] = torch.tensor(hash_buffers[name.rsplit(".", 1)[1]])
         else:
-            writer.add_tensor(name, random_weight(name, tuple(t.shape), t.dtype, g), kind="weight")
-    n, h, i = mc.num_moe_layers * mc.num_experts, mc.hidden_size, mc.moe_intermediate_size
-    writer.add_tensor("gate_up", (torch.randn(n, 2 * i, h, generator=g) / math.sqrt(h)).bfloat16(),
-                      kind="experts_bank")
-    writer.add_tensor("down", (torch.randn(n, h, i, generator=g) / math.sqrt(i)).bfloat16(), kind="experts_bank")
+            dense[name] = random_weight(name, tuple(t.shape), t.dtype, g)
     rows = -(-(offs[-1] + sizes[-1]) // a4.split_ngram_parts)
     shards = [(torch.randn(rows, a4.ngram_head_dim, generator=g) * 2).to(torch.float8_e4m3fn)
               for _ in range(a4.split_ngram_parts)]
     ple = {PLE_PREFIX + f"shard_{k}.weight": s for k, s in enumerate(shards)}
     ple[PLE_PREFIX + "weight_scale"] = torch.tensor(PLE_SCALE, dtype=torch.bfloat16)
-    save_file(ple, os.path.join(folder, "ple-table-00000.safetensors"), metadata={"format": "pt"})
+    save_file(ple, os.path.join(folder, PLE_FILE), metadata={"format": "pt"})
+    (write_nvfp4_checkpoint if experts == "nvfp4" else write_ftw_checkpoint)(folder, dense, mc, g)
+    return {"config": sc, "model": model, "rows": rows, "shards": shards}
+
+
+def write_ftw_checkpoint(folder: str, dense: dict[str, Any], mc: Any, g: Any) -> None:
+    """The dense weights under the model's own names and bf16 expert banks, in FreeToken's FTW."""
+    import torch
+    from freetoken.checkpoint.ftw import FTWWriter
+
+    writer = FTWWriter(folder)
+    for name, t in dense.items():
+        writer.add_tensor(name, t, kind="weight")
+    n, h, i = mc.num_moe_layers * mc.num_experts, mc.hidden_size, mc.moe_intermediate_size
+    writer.add_tensor("gate_up", (torch.randn(n, 2 * i, h, generator=g) / math.sqrt(h)).bfloat16(),
+                      kind="experts_bank")
+    writer.add_tensor("down", (torch.randn(n, h, i, generator=g) / math.sqrt(i)).bfloat16(), kind="experts_bank")
     writer.finalize({"source_model_path": "synthetic (freetoken_graphfix bench --engine)", "fingerprint": None,
                      "quant_format": "bf16", "layer_quant_formats": None,
-                     "expert_bank_num_layers": mc.num_moe_layers, "side_files": ["ple-table-00000.safetensors"]})
-    return {"config": sc, "model": model, "rows": rows, "shards": shards}
+                     "expert_bank_num_layers": mc.num_moe_layers, "side_files": [PLE_FILE]})
+
+
+def write_nvfp4_checkpoint(folder: str, dense: dict[str, Any], mc: Any, g: Any) -> None:
+    """A ModelOpt-style safetensors checkpoint: the dense weights under the HF names
+    (``model.language_model.``, the names ``iter_weights`` maps back to the model's own) and every
+    routed expert's projections in NVFP4, scaled so that a projection's output keeps its input's RMS."""
+    import torch
+    from safetensors.torch import save_file
+
+    h, i = mc.hidden_size, mc.moe_intermediate_size
+    tensors = {HF_TEXT_PREFIX + name.removeprefix("model.") if name.startswith("model.") else name: t
+               for name, t in dense.items()}
+    for layer in range(mc.num_layers):
+        for expert in range(mc.num_experts):
+            prefix = f"{HF_TEXT_PREFIX}layers.{layer}.mlp.experts.{expert}."
+            for proj, (rows, cols) in (("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i))):
+                tensors[prefix + proj + ".weight"] = torch.randint(0, 256, (rows, cols // 2), generator=g,
+                                                                   dtype=torch.uint8)  # two e2m1 codes a byte
+                tensors[prefix + proj + ".weight_scale"] = (
+                    0.75 + 0.5 * torch.rand(rows, cols // NVFP4_BLOCK, generator=g)).to(torch.float8_e4m3fn)
+                tensors[prefix + proj + ".weight_scale_2"] = torch.tensor(1 / (math.sqrt(cols) * E2M1_RMS))
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})

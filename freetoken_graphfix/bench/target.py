@@ -45,13 +45,15 @@ class Target:
     expects_wait: bool
     max_positions: int | None
     max_running: int
+    experts: str = "bf16"  # the synthetic model's routed experts (model.EXPERTS)
 
     @property
     def synthetic(self) -> bool:
         return self.model_dir is None
 
     def describe(self) -> str:
-        name = "synthetic qwen4_exp (FTW, disk PLE table)" if self.synthetic else \
+        layout = "NVFP4 experts, ModelOpt safetensors" if self.experts == "nvfp4" else "FTW, bf16 experts"
+        name = f"synthetic qwen4_exp ({layout}, disk PLE table)" if self.synthetic else \
             f"{self.model_dir} ({self.family}, {self.architecture}{', dummy weights' if self.dummy else ''})"
         wait = ("its decode graphs hold a host-released WAIT (PLE wait-sync): the never-uploaded arms are the "
                 "negative control" if self.expects_wait else
@@ -70,12 +72,13 @@ def synthetic_args(context: int, decode_steps: int) -> tuple[str, ...]:
             "--max-prefill-length", "1024", "--cache-type", "radix", "--text-model-only")
 
 
-def synthetic(context: int, decode_steps: int, ft_args: Sequence[str] = ()) -> Target:
+def synthetic(context: int, decode_steps: int, ft_args: Sequence[str] = (), experts: str = "bf16") -> Target:
     """The synthetic qwen4_exp with its own options, then the user's (after ``--``: the last of an
-    option wins, so ``-- --moe-strategy offload`` replaces its resident experts)."""
+    option wins, so ``-- --moe-strategy offload`` replaces its resident experts), its routed experts
+    in ``experts``'s layout."""
     return Target(None, (*synthetic_args(context, decode_steps), *ft_args), WAIT_FAMILY,
                   "Qwen4ExpForConditionalGeneration", dummy=False, expects_wait=True, max_positions=None,
-                  max_running=2)
+                  max_running=2, experts=experts)
 
 
 def check_synthetic(ft_args: Sequence[str]) -> None:
