@@ -36,6 +36,7 @@ FreeToken's own ft serve options go after --, for --engine and --serve (for the 
 they follow its own and replace them), e.g.:
   python -m freetoken_graphfix bench --engine --model ~/models/Qwen3-8B -- --attention-backend triton
   python -m freetoken_graphfix bench --engine --layers 320 -- --moe-strategy offload
+  python -m freetoken_graphfix bench --engine --layers 320 --experts nvfp4 -- --moe-strategy hybrid   (#775's layout)
   python -m freetoken_graphfix bench --write-model /tmp/llama --family llama   (config only: -- --dummy-weight)
 """
 

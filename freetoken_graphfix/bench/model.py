@@ -1,9 +1,10 @@
 """The models the real-engine benches run when the user brings none, written into a directory.
 
-The synthetic qwen4_exp (``build_model_dir``): seeded, nothing downloaded, in FreeToken's FTW layout,
-the geometry of FreeToken's own GPU toy with the layer count as the knob and the PLE table on the
-disk backend, so that in CUDA wait-sync mode every decode graph starts with a WAIT released after its
-launch. And config-only models of other families (``write_config_model``: llama, qwen3, qwen3_moe) for
+The synthetic qwen4_exp (``build_model_dir``): seeded, nothing downloaded, in FreeToken's FTW layout
+with bf16 experts or as a ModelOpt NVFP4 export (``--experts nvfp4``, #775's layout), the geometry of
+FreeToken's own GPU toy with the layer count as the knob and the PLE table on the disk backend, so
+that in CUDA wait-sync mode every decode graph starts with a WAIT released after its launch. And
+config-only models of other families (``write_config_model``: llama, qwen3, qwen3_moe) for
 ``ft serve --dummy-weight``: none of their graphs holds such a WAIT. Every one gets the same small
 byte-level BPE tokenizer, trained (deterministically) on the workload's own text, so that text
 prompts round-trip through FreeToken's ``load_tokenizer`` whatever class it picks for the family.
