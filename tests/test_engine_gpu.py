@@ -28,13 +28,14 @@ SMALL_ARMS = ["upstream", "pre-697", "skip", "auto"]
 LARGE_ARMS = [a for a in engine.ARMS if a != engine.GATE]
 
 
-def engine_record(layers: int, arms: list[str], tmp_path_factory) -> dict:
+def engine_record(layers: int, arms: list[str], tmp_path_factory, ft_args: tuple[str, ...] = (),
+                  experts: str = "bf16") -> dict:
     assert bootstrap.installed_pth() is not None, (
         "freetoken-graphfix is not installed in this interpreter's site-packages: the engine processes "
         "would never get the shim (pip install . first)")
     opts = argparse.Namespace(arms=arms, rounds=1, decode_steps=32, context=256, prompt_file=None, replays=50,
                               copies=2, trace_steps=0, trace_runs=1, warmup=True, watchdog=4.0, hang_timeout=300.0)
-    case = common.Case(target.synthetic(opts.context, opts.decode_steps), layers)
+    case = common.Case(target.synthetic(opts.context, opts.decode_steps, ft_args, experts), layers)
     record = engine.engine_record(case, opts, str(tmp_path_factory.mktemp(f"engine-{layers}")))
     print("\n" + engine_report.render(record))
     return record
@@ -68,6 +69,24 @@ def test_never_uploaded_graphs_block_in_the_large_model(large):
         assert summary["errors"] == [], summary["errors"]
         assert summary["fires"] >= 1, f"{arm}: no launch blocked; this test could not have failed"
         assert max(summary["first_launch_ms"].values()) > 3900
+
+
+@pytest.fixture(scope="module", params=["offload", "hybrid"])
+def reporters(request, tmp_path_factory):
+    """#775's configuration: NVFP4 experts under MoE offload (and hybrid, FreeToken's CPU-MoE
+    executor beside the deferred first launch), 320 layers, where never-uploaded launches block."""
+    return engine_record(320, ["upstream", "pre-697", "auto", "patched"], tmp_path_factory,
+                         ("--moe-strategy", request.param), "nvfp4")
+
+
+def test_reporters_configuration_defers_the_ple_wait_alone_and_never_blocks(reporters):
+    assert engine.failures(reporters) == []
+    arms = reporters["summary"]["arms"]
+    for arm in ("upstream", "auto", "patched"):
+        assert arms[arm]["fires"] == 0 and arms[arm]["same_tokens_as_reference"], arm
+    assert arms["pre-697"]["fires"] >= 1, "no never-uploaded launch blocked; this test could not have failed"
+    actions = [g["action"] for r in reporters["runs"]["auto"] for p in r["shim"]["passes"] for g in p["graphs"]]
+    assert actions and set(actions) == {"deferred"}, actions
 
 
 def test_small_model_never_blocks_and_auto_costs_nothing(small):
