@@ -165,7 +165,7 @@ def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     try:
         if opts.model is None:  # FreeToken's own parser over the synthetic model's options and the user's
             with tempfile.TemporaryDirectory() as folder:
-                model.write_synthetic_config(folder, model.MIN_LAYERS, nvfp4_experts=opts.experts == "nvfp4")
+                model.write_synthetic_config(folder, model.MIN_LAYERS, opts.experts)
                 parse_freetoken_args(folder, [*synthetic_args(0, 0), *ft_args])
         opts.target = from_model(opts.model, ft_args) if opts.model is not None else None
         check(opts.context, opts.decode_steps, opts.target.max_positions if opts.target else None)

@@ -69,14 +69,14 @@ def text_config(layers: int) -> dict[str, Any]:
         eos_token_id=EOS, bos_token_id=EOS)
 
 
-def write_synthetic_config(folder: str, layers: int, nvfp4_experts: bool = False) -> None:
-    """The synthetic qwen4_exp's ``config.json``; with ``nvfp4_experts`` a ModelOpt
+def write_synthetic_config(folder: str, layers: int, experts: str = "bf16") -> None:
+    """The synthetic qwen4_exp's ``config.json``; with ``nvfp4`` experts a ModelOpt
     ``quantization_config`` that quantizes the routed experts alone (``MIXED_PRECISION``: every other
     module stays bf16, as FreeToken's qwen4_exp reader expects of the dense part)."""
     config: dict[str, Any] = {"architectures": ["Qwen4ExpForConditionalGeneration"], "model_type": "qwen4_exp",
                               "image_token_id": 248056, "tie_word_embeddings": False,
                               "text_config": text_config(layers)}
-    if nvfp4_experts:
+    if experts == "nvfp4":
         config["quantization_config"] = {
             "quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
             "quantized_layers": {f"{HF_TEXT_PREFIX}layers.{n}.mlp.experts": {"quant_algo": "NVFP4"}
@@ -233,7 +233,7 @@ def build_model_dir(folder: str, layers: int, seed: int = 1234, experts: str = "
 
     check_layers(layers)
     check_experts(experts)
-    write_synthetic_config(folder, layers, nvfp4_experts=experts == "nvfp4")
+    write_synthetic_config(folder, layers, experts)
     write_tokenizer(folder)
 
     sc, model = meta_model(folder)
