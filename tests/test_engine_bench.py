@@ -182,6 +182,23 @@ def test_verdicts():
     assert engine.failures(blocked) == ["patched: the watchdog released 1 blocked launch(es)"]
 
 
+def test_the_report_says_which_self_released_waits_the_graphs_held():
+    """MoE offload's CPU-MoE and locked-fetch WAITs, counted by the engine processes, are reported per
+    kind beside the PLE table's; a record without them (no offload, or from before they were counted)
+    says nothing of them."""
+    held = dict(captured_waits=2, self_released_waits={"cpu_moe": 640, "locked_fetch": 0})
+    rec = record(upstream=result(**held), auto=result(shim=shim("auto", "deferred"), **held))
+    line = "every arm: PLE table 2, CPU-MoE executor 640, locked fetch 0"
+    assert line in engine_report.render(rec) and line in engine_report.markdown([rec])
+    apart = record(upstream=result(**held), auto=result(shim=shim("auto", "deferred"), captured_waits=2,
+                                                        self_released_waits={"cpu_moe": 320, "locked_fetch": None}))
+    assert "upstream: PLE table 2, CPU-MoE executor 640, locked fetch 0; auto: PLE table 2, CPU-MoE executor 320" \
+        in engine_report.render(apart)
+    for plain in (record(upstream=result(), auto=result(shim=shim("auto", "deferred"))),
+                  record(upstream=result(self_released_waits={"cpu_moe": 0, "locked_fetch": None}))):
+        assert "WAITs captured" not in engine_report.render(plain)
+
+
 def test_gate_arm_runs_freetokens_launch_gating(monkeypatch):
     monkeypatch.setenv("FREETOKEN_PLE_SYNC", "gate")
     assert arms.arm_env("auto")["FREETOKEN_PLE_SYNC"] == "wait"  # a user's gate would hide the WAIT

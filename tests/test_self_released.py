@@ -24,6 +24,7 @@ import freetoken_graphfix
 
 from . import harness
 from .fakecuda import Node
+from .test_engine_figures import child  # the bench's engine child script, loaded by path
 
 
 class Coordinator:
@@ -123,3 +124,76 @@ def test_a_warm_replay_lets_the_self_released_waits_release_themselves(install, 
     assert all(g.launches == 1 for g in runner.graph_map.values()) and int(table._flag[0]) == 0
     step = harness.decode_step(runner, table, model, fake.ctx, fake, 2, seed=5)
     assert not step.fired and step.ok
+
+
+class Extension:
+    """The device-facing edge of FreeToken's compiled CPU-MoE extension: records what it would enqueue."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args: self.calls.append(name)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The bench child's counters on FreeToken 0.2.1's own CpuMoeExecutor and LockedLayerFetch (put
+    back afterwards), the CUDA stream and the gather kernel faked; ``capturing`` switches capture on."""
+    import importlib
+    import types
+
+    for module, cls_name, method, _ in child.SELF_RELEASED.values():
+        cls = getattr(importlib.import_module(module), cls_name)
+        monkeypatch.setattr(cls, method, getattr(cls, method))  # undone after the test
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=7))
+    monkeypatch.setattr("freetoken.kernel.fast_index_copy.fast_index_copy_multi_jit", lambda *a, **k: None)
+    capturing = [False]
+    return child.count_self_released_waits(lambda: capturing[0]), capturing
+
+
+def executor(memops: bool):
+    from freetoken.moe.cpu_executor import CpuMoeExecutor
+
+    ex = object.__new__(CpuMoeExecutor)
+    ex._flag_sync, ex._ext, ex._io = memops, Extension(), {"y": torch.ones(4, 8)}
+    return ex
+
+
+def locked_fetch(memops: bool):
+    import types
+
+    from freetoken.moe.locked_fetch import LockedLayerFetch
+
+    lf = object.__new__(LockedLayerFetch)
+    lf._ext, lf._wait_flag, lf.max_fetch, lf.staging_ptrs = Extension(), 0 if memops else 0x5000, 2, None
+    cache = types.SimpleNamespace(_pending_fetch_cap=2, num_indices=torch.zeros(1), src_indices=torch.zeros(1),
+                                  _copy_dst_ptrs_pool=[None], pool_of_layer={3: 0}, _copy_feat_bytes=[None],
+                                  layer_layout={3: 0}, evict_slots=None, _copy_blocks_per_bank=1)
+    return lf, cache
+
+
+def test_the_bench_counts_each_self_released_wait_freetoken_captures(counted):
+    """`bench --engine` reports the CPU-MoE and locked-fetch WAITs in its graphs by counting the calls
+    of FreeToken's own methods that enqueue them: one per call while capturing, on an instance using
+    stream memops; an eager call, or a host-function sync, is none. The original method still runs."""
+    counts, capturing = counted
+    with_memops, host_func = executor(True), executor(False)
+    lf, cache = locked_fetch(True)
+    spinning, _ = locked_fetch(False)
+    out = with_memops.decode_sync((2, torch.zeros(2, 8), False))  # eager: no WAIT captured
+    assert torch.equal(out, torch.ones(2, 8)) and counts == {"cpu_moe": 0, "locked_fetch": 0}
+    capturing[0] = True
+    for _ in range(3):
+        with_memops.decode_sync((2, torch.zeros(2, 8), False))
+        host_func.decode_sync((2, torch.zeros(2, 8), False))
+        lf.copy(cache, 3)
+        spinning.copy(cache, 3)
+    assert counts == {"cpu_moe": 3, "locked_fetch": 3}
+    assert with_memops._ext.calls == ["flag_wait"] * 4 and host_func._ext.calls == ["sync_with_cuda_stream"] * 3
+    assert lf._ext.calls == spinning._ext.calls == ["publish"] * 3
+
+
+def test_a_kind_this_freetoken_lacks_is_reported_as_none():
+    assert child.count_self_released_waits(lambda: True, {"x": ("freetoken.no_such_module", "C", "m", bool)}) == \
+        {"x": None}

@@ -5,7 +5,8 @@ freetoken_graphfix: the shim must reach this process the way it reaches a user's
 its ``.pth`` bootstrap and ``FT_GRAPH_UPLOAD``. The engine is built from FreeToken's own ``ft serve``
 options (its own parser), as ``ft serve`` would build it. What this adds is instrumentation only:
 timing wrappers on ``_upload_graph`` (0.2.x) and ``GraphRunner._capture_graphs``, a counter on the
-PLE table's WAIT (``row_store.wait_reset`` in 0.2.x, ``_ple_store.memop_wait_reset`` in 0.1.3), CUDA
+PLE table's WAIT (``row_store.wait_reset`` in 0.2.x, ``_ple_store.memop_wait_reset`` in 0.1.3) and
+on the Python calls that enqueue the MoE offload's self-released WAITs (``self_released_waits``), CUDA
 events around ``Engine.forward_batch``, ``GraphRunner.replay`` and each graph launch, free GPU memory
 around each graph's first launch, and a launch watchdog that releases the PLE flag when a graph
 launch blocks, so a deadlock is reported instead of hanging.
@@ -30,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from importlib import metadata
+from importlib import import_module, metadata
 
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)  # run by path: the package directory must not shadow top-level modules
@@ -50,6 +51,42 @@ def ple_flag_ops():
 
         return _ple_store, "memop_wait_reset", lambda flag: _ple_store.signal_flag(flag.data_ptr())
     return row_store, "wait_reset", row_store.signal
+
+
+# The WAITs FreeToken enqueues from C++ and its own threads release (the CPU-MoE executor's flag,
+# locked-fetch copies): (module, class, the method whose call enqueues one, whether this instance
+# uses stream memops). cpu_executor.py 601-611: decode_sync's flag_wait when _flag_sync;
+# locked_fetch.py 211-225: copy's publish, whose C++ waits when memops (_wait_flag 0).
+SELF_RELEASED = {
+    "cpu_moe": ("freetoken.moe.cpu_executor", "CpuMoeExecutor", "decode_sync",
+                lambda ex: bool(getattr(ex, "_flag_sync", False))),
+    "locked_fetch": ("freetoken.moe.locked_fetch", "LockedLayerFetch", "copy",
+                     lambda lf: getattr(lf, "_wait_flag", None) == 0),
+}
+
+
+def count_self_released_waits(capturing, seams: dict = SELF_RELEASED) -> dict[str, int | None]:
+    """Count, per kind, the self-released WAITs captured into graphs: a call of the enqueueing method
+    while ``capturing()``, on an instance using memops (without them FreeToken syncs through host
+    functions or a spinning kernel: no WAIT). ``None`` for a kind this FreeToken lacks (0.1.3 has no
+    locked fetch). Observes only: the original method runs unchanged."""
+    counts: dict[str, int | None] = {}
+    for kind, (module, cls_name, method, memops) in seams.items():
+        try:
+            cls = getattr(import_module(module), cls_name)
+        except (ImportError, AttributeError):
+            counts[kind] = None
+            continue
+        counts[kind] = 0
+        original = getattr(cls, method)
+
+        def counting(self, *args, _original=original, _kind=kind, _memops=memops, **kwargs):
+            if capturing() and _memops(self):
+                counts[_kind] += 1
+            return _original(self, *args, **kwargs)
+
+        setattr(cls, method, counting)
+    return counts
 
 
 class LaunchWatchdog:
@@ -285,6 +322,7 @@ def main(spec_path: str) -> None:
         return wait_reset(*args)
 
     setattr(wait_module, wait_name, counting_wait_reset)
+    self_released = count_self_released_waits(torch.cuda.is_current_stream_capturing)
     capture_ms: list[float] = []
     runner_cls = graph_mod.GraphRunner
     capture = runner_cls._capture_graphs
@@ -452,6 +490,7 @@ def main(spec_path: str) -> None:
         "table": type(table).__name__, "wait_sync": bool(getattr(table, "_wait_sync", False)),
         "fill_worker": getattr(table, "_worker", None) is not None, "hip": torch.version.hip is not None,
         "graph_bs": sorted(runner.graph_map), "captured_waits": captured_waits[0],
+        "self_released_waits": self_released,
         "capture_ms": capture_ms, "upload_ms": upload_ms, "build_s": build_s,
         "steps": {k: sum(s["kind"] == k for s in steps) for k in ("prefill", "decode", "graph")},
         "fires": fires, "first_launch_ms": first_launch,

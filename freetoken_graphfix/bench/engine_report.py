@@ -363,6 +363,26 @@ def arm_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+WAIT_KINDS = {"ple": "PLE table", "cpu_moe": "CPU-MoE executor", "locked_fetch": "locked fetch"}
+
+
+def waits_line(summary: dict[str, Any]) -> list[str]:
+    """The WAITs captured into each process's graphs, per kind, where the graphs held self-released
+    ones (FreeToken's own threads release them; the shim never sees them and must decide as without)."""
+    per_arm = {arm: s.get("waits", {}) for arm, s in summary["arms"].items()}
+    if not any(n for w in per_arm.values() for kind, counts in w.items() if kind != "ple" for n in counts):
+        return []
+
+    def counts(w: dict[str, list[int]]) -> str:
+        return ", ".join(f"{WAIT_KINDS.get(k, k)} {'/'.join(map(str, n))}" for k, n in w.items())
+
+    shown = {counts(w) for w in per_arm.values()}
+    body = f"every arm: {shown.pop()}" if len(shown) == 1 else "; ".join(
+        f"{arm}: {counts(w)}" for arm, w in per_arm.items())
+    return [f"WAITs captured per process (every graph and capture pass): {body} (CPU-MoE and locked-fetch WAITs "
+            "are released by FreeToken's own threads: the shim never sees them)"]
+
+
 def cross_table(summary: dict[str, Any]) -> list[str]:
     base = summary["base"]
     lines = ["across processes, the arm's own graph steps (CUDA events around forward_batch, and around "
@@ -396,9 +416,9 @@ def safety_lines(record: dict[str, Any]) -> list[str]:
 def render(record: dict[str, Any]) -> str:
     summary = record["summary"]
     cross_lines, loop_by = cross_verdicts(record)
-    lines = [*header(record), *arm_table(summary), *in_loop_lines(summary), *timeline_lines(summary),
-             *host_mode_lines(summary), *cross_table(summary), *aa_lines(record), *cross_lines,
-             *host_bound(summary), *diagnostic_lines(record, loop_by), *safety_lines(record)]
+    lines = [*header(record), *arm_table(summary), *waits_line(summary), *in_loop_lines(summary),
+             *timeline_lines(summary), *host_mode_lines(summary), *cross_table(summary), *aa_lines(record),
+             *cross_lines, *host_bound(summary), *diagnostic_lines(record, loop_by), *safety_lines(record)]
     return "\n".join(lines)
 
 
@@ -430,6 +450,7 @@ def markdown(records: list[dict[str, Any]]) -> str:
                 out.append(f"| {arm} | {bs} | {q.get('median', math.nan):.3f} | {s['tok_s'].get(bs, math.nan):.1f} | "
                            + " | ".join(cells) + " |")
         out.append("")
+        out += [f"- {line}" for line in waits_line(summary)]
         out += [f"- {line.strip()}" for line in timeline_lines(summary)]
         out += [f"- {line.strip()}" for line in host_mode_lines(summary)]
         out += [f"- free GPU memory after capture, {arm}: {s['free_mib_after_capture']:.0f} MiB; taken by the first "

@@ -174,6 +174,19 @@ def tokens_check(runs: list[dict[str, Any]], traced: list[dict[str, Any]]) -> st
     return "same" if same else "DIFF"
 
 
+def waits_captured(runs: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Per kind of WAIT, the counts captured into each process's graphs (every capture pass), distinct
+    over the arm's processes: the PLE table's (``ple``) and the self-released ones the child counts
+    (``cpu_moe``, ``locked_fetch``; a kind the FreeToken lacks, or a record from before they were
+    counted, has none)."""
+    kinds: dict[str, set[int]] = {"ple": {r["captured_waits"] for r in runs}} if runs else {}
+    for r in runs:
+        for kind, n in (r.get("self_released_waits") or {}).items():
+            if n is not None:
+                kinds.setdefault(kind, set()).add(n)
+    return {kind: sorted(counts) for kind, counts in kinds.items()}
+
+
 def upstream_protects(runs: dict[str, list[dict[str, Any]]]) -> bool:
     """Whether the FreeToken under test protects its graphs itself (0.2.x's ``_upload_graph``; 0.1.3
     has none, so there upstream is one more negative control and gate's tokens are the reference)."""
@@ -210,6 +223,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]], traced: dict[str, list[dict
             "reference": reference,
             "same_tokens_as_reference": bool(expected) and {r["token_hash"] for r in good} == expected,
             "copies_tokens": tokens_check(good, traced.get(arm, [])),
+            "waits": waits_captured(good),
             "first_launch_ms": {bs: max(r["first_launch_ms"][bs] for r in good) for bs in
                                 (good[0]["first_launch_ms"] if good else {})},
             "upload_ms_per_graph": median([u for r in good for u in r["upload_ms"]]),
