@@ -29,12 +29,13 @@ LARGE_ARMS = [a for a in engine.ARMS if a != engine.GATE]
 
 
 def engine_record(layers: int, arms: list[str], tmp_path_factory, ft_args: tuple[str, ...] = (),
-                  experts: str = "bf16") -> dict:
+                  experts: str = "bf16", **over) -> dict:
     assert bootstrap.installed_pth() is not None, (
         "freetoken-graphfix is not installed in this interpreter's site-packages: the engine processes "
         "would never get the shim (pip install . first)")
     opts = argparse.Namespace(arms=arms, rounds=1, decode_steps=32, context=256, prompt_file=None, replays=50,
                               copies=2, trace_steps=0, trace_runs=1, warmup=True, watchdog=4.0, hang_timeout=300.0)
+    vars(opts).update(over)
     case = common.Case(target.synthetic(opts.context, opts.decode_steps, ft_args, experts), layers)
     record = engine.engine_record(case, opts, str(tmp_path_factory.mktemp(f"engine-{layers}")))
     print("\n" + engine_report.render(record))
@@ -71,22 +72,39 @@ def test_never_uploaded_graphs_block_in_the_large_model(large):
         assert max(summary["first_launch_ms"].values()) > 3900
 
 
-@pytest.fixture(scope="module", params=["offload", "hybrid"])
+# FreeToken caps pinned memory where FREETOKEN_PIN_BUDGET_GB is set (engine.py _pin_budget_bytes): its
+# --moe-cpu-layers then lock those layers' banks, and hybrid fetches their misses through the locked fetch
+REPORTERS = {
+    "offload": (("--moe-strategy", "offload"), {}),
+    "hybrid-locked": (("--moe-strategy", "hybrid", "--moe-cpu-layers", "0.25"), {"FREETOKEN_PIN_BUDGET_GB": "1"}),
+}
+
+
+@pytest.fixture(scope="module", params=list(REPORTERS))
 def reporters(request, tmp_path_factory):
-    """#775's configuration: NVFP4 experts under MoE offload (and hybrid, FreeToken's CPU-MoE
-    executor beside the deferred first launch), 320 layers, where never-uploaded launches block."""
-    return engine_record(320, ["upstream", "pre-697", "auto", "patched"], tmp_path_factory,
-                         ("--moe-strategy", request.param), "nvfp4")
+    """#775's configuration: NVFP4 experts under MoE offload, and under hybrid with a quarter of the
+    layers on the CPU executor and locked (its CPU-MoE and locked-fetch WAITs beside the deferred first
+    launch), 320 layers, where never-uploaded launches block."""
+    ft_args, env = REPORTERS[request.param]
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        return request.param, engine_record(320, ["upstream", "pre-697", "auto", "patched"], tmp_path_factory,
+                                            ft_args, "nvfp4", copies=0, warmup=False)
 
 
 def test_reporters_configuration_defers_the_ple_wait_alone_and_never_blocks(reporters):
-    assert engine.failures(reporters) == []
-    arms = reporters["summary"]["arms"]
+    strategy, record = reporters
+    assert engine.failures(record) == []
+    arms = record["summary"]["arms"]
     for arm in ("upstream", "auto", "patched"):
         assert arms[arm]["fires"] == 0 and arms[arm]["same_tokens_as_reference"], arm
     assert arms["pre-697"]["fires"] >= 1, "no never-uploaded launch blocked; this test could not have failed"
-    actions = [g["action"] for r in reporters["runs"]["auto"] for p in r["shim"]["passes"] for g in p["graphs"]]
+    actions = [g["action"] for r in record["runs"]["auto"] for p in r["shim"]["passes"] for g in p["graphs"]]
     assert actions and set(actions) == {"deferred"}, actions
+    if strategy == "hybrid-locked":  # both kinds of self-released WAIT were in the graphs the shim deferred
+        for arm, s in arms.items():
+            assert s["waits"]["cpu_moe"][0] > 0 and s["waits"]["locked_fetch"][0] > 0, (arm, s["waits"])
 
 
 def test_small_model_never_blocks_and_auto_costs_nothing(small):
