@@ -15,7 +15,9 @@ WAIT), with a coordinator thread that releases them the same way.
 
 from __future__ import annotations
 
+import importlib
 import threading
+import types
 
 import pytest
 import torch
@@ -140,9 +142,6 @@ class Extension:
 def counted(monkeypatch):
     """The bench child's counters on FreeToken 0.2.1's own CpuMoeExecutor and LockedLayerFetch (put
     back afterwards), the CUDA stream and the gather kernel faked; ``capturing`` switches capture on."""
-    import importlib
-    import types
-
     for module, cls_name, method, _ in child.SELF_RELEASED.values():
         cls = getattr(importlib.import_module(module), cls_name)
         monkeypatch.setattr(cls, method, getattr(cls, method))  # undone after the test
@@ -161,8 +160,6 @@ def executor(memops: bool):
 
 
 def locked_fetch(memops: bool):
-    import types
-
     from freetoken.moe.locked_fetch import LockedLayerFetch
 
     lf = object.__new__(LockedLayerFetch)
