@@ -98,6 +98,8 @@ def supervise(argv: Sequence[str], env: dict[str, str]) -> int:
         code = child.wait()
     finally:
         relay.stop()
+        while signal.sigtimedwait(signals, 0) is not None:
+            pass  # for a child that has exited: unblocked, a Ctrl-C would end the wrapper, not its code
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
     return 128 - code if code < 0 else code
 

@@ -235,18 +235,31 @@ def test_run_warns_about_another_venvs_python_though_it_is_the_same_binary(tmp_p
 
 TRAPPER = """
 import os, signal, sys, time
+log = sys.argv[sys.argv.index("--log") + 1] if "--log" in sys.argv else None
+def note(*words):  # one line to stdout, and appended to the --log file in one write
+    line = " ".join(map(str, words)) + "\\n"
+    sys.stdout.write(line)
+    sys.stdout.flush()
+    if log:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, line.encode())
+        os.close(fd)
 grandchild = None
 if "--group" in sys.argv:  # a server that makes its own process group, with a worker in it
     os.setpgrp()
+    r, w = os.pipe()
     grandchild = os.fork()
     if grandchild == 0:
-        signal.signal(signal.SIGTERM, lambda s, f: os._exit(77))
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, lambda s, f: os._exit(77))
+        os.write(w, b"1")  # its handlers are in place: the trapper may say it is ready
         time.sleep(60)
         os._exit(1)
+    os.read(r, 1)
 got = []
 def handler(signum, frame):
     got.append(signum)
-    print("got", signum, flush=True)
+    note("got", signum)
     if signum in (signal.SIGUSR1, signal.SIGUSR2):  # a user's signal: noted, the child carries on
         return
     if "--stubborn" not in sys.argv:
@@ -255,13 +268,14 @@ def handler(signum, frame):
         sys.exit(40 + signum)
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
     signal.signal(s, handler)
-print("ready", os.getpid(), flush=True)
+note("ready", os.getpid())  # only now: every process of the job handles its signals
 while True:
     time.sleep(0.05)
 """
 
 
 def supervised(tmp_path, *flags):
+    """The wrapper running the trapper, once the trapper (and any worker of its) handles signals."""
     script = tmp_path / "trapper.py"
     script.write_text(TRAPPER)
     proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "run", "--", sys.executable, str(script),
@@ -300,7 +314,8 @@ def test_run_kills_only_on_a_second_signal(tmp_path):
     asks for the kill."""
     proc, child = supervised(tmp_path, "--stubborn")
     proc.send_signal(signal.SIGTERM)
-    time.sleep(1.0)
+    assert proc.stdout.readline().strip() == f"got {int(signal.SIGTERM)}"  # the first one reached it
+    time.sleep(0.5)  # a window in which nothing may happen (load only makes it longer)
     assert proc.poll() is None and alive(child)  # still shutting down: the wrapper waits
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)

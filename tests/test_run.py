@@ -78,29 +78,45 @@ def test_ctrl_c_while_the_wrapper_imports_prints_no_traceback(module):
 
 
 def test_ctrl_c_once_running_goes_to_the_child():
-    proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "run", "--", "sleep", "30"],
+    child = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); print('ready', flush=True); "
+             "time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "run", "--", sys.executable, "-c", child],
                             env=child_env(None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)
+    assert proc.stdout.readline().strip() == "ready"  # the child runs, SIGINT at its default action
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130 and err == "", err  # sleep killed by SIGINT: 128 + 2
+    assert proc.returncode == 130 and err == "", err  # the child killed by SIGINT: 128 + 2
 
 
-def under_a_terminal(tmp_path, flags: list[str], act, stdin: str = "None") -> tuple[str, int]:
+def events(log, until: tuple[str, ...], deadline: float) -> list[str]:
+    """The job's lines in ``log`` once there is one starting with each of ``until`` (or at ``deadline``)."""
+    while True:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if all(any(line.startswith(u) for line in lines) for u in until) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.02)
+
+
+def under_a_terminal(tmp_path, flags: list[str], act, stdin: str = "None") -> tuple[list[str], int, str]:
     """The wrapper as a terminal's foreground job, started by a driver that plays the shell (ignoring
     the terminal's Ctrl-C itself, not for its job), with the trapper as its command. ``act(fd,
-    wrapper_pid)`` does something to it once the trapper is ready. Returns the terminal's output and the
-    driver's exit code (the wrapper's); a job that does not end in 20 s is killed and fails."""
+    wrapper_pid)`` does something to it once the trapper says (in a file) that every process of the
+    job handles its signals. Returns the job's lines from that file (never from the terminal, where
+    they could be lost), the driver's exit code (the wrapper's) and the terminal's output; a job that
+    does not end in 30 s is killed and fails."""
     import pty
+    import termios
 
+    log = tmp_path / "events"
     script = tmp_path / "driver.py"
     script.write_text(f"""
 import os, signal, subprocess, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # like a shell: the terminal's Ctrl-C is not for it,
 proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "run", "--", sys.executable,
-                         {str(tmp_path / 'trapper.py')!r}, *{flags!r}], env=os.environ, stdin={stdin},
-                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # but for its job
-print("wrapper", proc.pid, flush=True)
+                         {str(tmp_path / 'trapper.py')!r}, "--log", {str(log)!r}, *{flags!r}], env=os.environ,
+                        stdin={stdin}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # but its job's
+with open({str(log)!r}, "a") as fh:
+    fh.write(f"wrapper {{proc.pid}}\\n")
 sys.exit(proc.wait())
 """)
     from .test_bootstrap import TRAPPER
@@ -108,36 +124,44 @@ sys.exit(proc.wait())
     (tmp_path / "trapper.py").write_text(TRAPPER)
     pid, fd = pty.fork()
     if pid == 0:  # the child: a session of its own with the pty as its controlling terminal
+        attrs = termios.tcgetattr(0)
+        attrs[3] |= termios.NOFLSH  # Ctrl-C must not discard what the job wrote before it
+        termios.tcsetattr(0, termios.TCSANOW, attrs)
         os.execve(sys.executable, [sys.executable, str(script)], child_env(None))
-    output = b""
+    output, status = b"", None
+
+    def drain(timeout: float) -> None:
+        nonlocal output
+        with contextlib.suppress(OSError):  # the terminal closed: everything in it exited
+            while select.select([fd], [], [], timeout)[0]:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    return
+                output += chunk
+                timeout = 0
+
     try:
-        deadline = time.monotonic() + 60
-        while b"ready" not in output and time.monotonic() < deadline:
-            output += os.read(fd, 1024)
-        wrapper = int(output.decode().split("wrapper", 1)[1].split()[0])
+        lines = events(log, ("wrapper", "ready"), time.monotonic() + 60)
+        assert {line.split()[0] for line in lines} == {"wrapper", "ready"}, (lines, output)
+        wrapper = next(int(line.split()[1]) for line in lines if line.startswith("wrapper"))
         act(fd, wrapper)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.5)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(fd, 1024)
-            except OSError:  # the terminal closed: everything in it exited
-                break
-            if not chunk:
-                break
-            output += chunk
+        deadline = time.monotonic() + 30
+        while status is None and time.monotonic() < deadline:
+            drain(0.1)
+            done, st = os.waitpid(pid, os.WNOHANG)
+            status = st if done else None
     finally:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if not done:  # the job never ended: end the session and the child's group, then fail
-            ready = output.decode(errors="replace").split("ready", 1)[-1].split()
-            for group in (pid, int(ready[0]) if ready and ready[0].isdigit() else None):
+        if status is None:  # the job never ended: end the session and the child's group, then fail
+            lines = log.read_text().split() if log.exists() else []
+            child = lines[lines.index("ready") + 1] if "ready" in lines else None
+            for group in (pid, int(child) if child else None):
                 if group is not None:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(group, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
-    return output.decode(errors="replace"), os.waitstatus_to_exitcode(status)
+        drain(0)
+        os.close(fd)
+    return log.read_text().splitlines(), os.waitstatus_to_exitcode(status), output.decode(errors="replace")
 
 
 def ctrl_c(fd: int, wrapper: int) -> None:
@@ -153,16 +177,16 @@ def test_a_ctrl_c_at_a_terminal_reaches_the_child_exactly_once(tmp_path, flags, 
     """At a terminal Ctrl-C goes to the foreground process group: the wrapper and a child in that
     group get it from the terminal (the wrapper must not send it twice, whatever its stdin), but a
     child that made its own group gets it only from the wrapper. Run here under a real pseudo-terminal."""
-    text, code = under_a_terminal(tmp_path, flags, ctrl_c, stdin)
-    assert text.count(f"got {int(signal.SIGINT)}") == 1, text  # once: not also a second, killing, one
-    assert code == 40 + signal.SIGINT, text
+    lines, code, tty = under_a_terminal(tmp_path, flags, ctrl_c, stdin)
+    assert lines.count(f"got {int(signal.SIGINT)}") == 1, (lines, tty)  # once: not also a second, killing, one
+    assert code == 40 + signal.SIGINT, (lines, tty)
 
 
 def test_a_supervisors_sigint_reaches_the_child_while_the_wrapper_is_the_foreground_job(tmp_path):
     """``kill -INT <wrapper>`` from another shell reaches the wrapper alone: it must go on to the
     child, though the wrapper is the terminal's foreground job."""
-    text, code = under_a_terminal(tmp_path, [], lambda fd, wrapper: os.kill(wrapper, signal.SIGINT))
-    assert text.count(f"got {int(signal.SIGINT)}") == 1 and code == 40 + signal.SIGINT, text
+    lines, code, tty = under_a_terminal(tmp_path, [], lambda fd, wrapper: os.kill(wrapper, signal.SIGINT))
+    assert lines.count(f"got {int(signal.SIGINT)}") == 1 and code == 40 + signal.SIGINT, (lines, tty)
 
 
 def test_a_child_never_outlives_a_killed_wrapper(tmp_path):
@@ -193,3 +217,18 @@ def test_a_signal_before_the_child_exists_reaches_it(tmp_path):
             f"sys.exit(run.supervise([sys.executable, {str(tmp_path / 'trapper.py')!r}], dict(os.environ)))")
     out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True, timeout=60)
     assert out.returncode in (40 + signal.SIGTERM, 128 + signal.SIGTERM), (out.returncode, out.stderr)
+
+
+def test_a_signal_left_pending_when_the_child_exits_does_not_replace_its_code(tmp_path):
+    """A terminal's Ctrl-C reaches the wrapper and its child together; when the child exits before the
+    relay thread takes the wrapper's copy, that copy is still pending as the wrapper restores its
+    signal mask, and must not end the wrapper with KeyboardInterrupt instead of the child's code. Made
+    exact here: the relay thread starts waiting only once the child has exited."""
+    code = ("import os, signal, sys, threading\nfrom freetoken_graphfix import run\n"
+            "exited = threading.Event()\nrun_, stop = run._Relay._run, run._Relay.stop\n"
+            "run._Relay._run = lambda self: (exited.wait(), run_(self))\n"
+            "run._Relay.stop = lambda self: (exited.set(), stop(self))\n"
+            "child = 'import os, signal, sys; os.kill(os.getppid(), signal.SIGINT); sys.exit(42)'\n"
+            "sys.exit(run.supervise([sys.executable, '-c', child], dict(os.environ)))")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 42 and out.stderr == "", (out.returncode, out.stderr)
