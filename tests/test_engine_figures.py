@@ -387,3 +387,14 @@ def test_the_engines_own_graph_is_judged_against_a_never_uploaded_arms_own_graph
                                     **{"pre-697": [looped(i) for i in range(3)]}))
     assert own_line(real, "upstream").endswith(engine_report.FASTER)
     assert own_line(real, "pre-697").endswith(engine_report.NO_COST)
+
+
+def test_the_copies_release_the_ple_flag_only_where_the_graphs_wait_on_it(tmp_path):
+    """0.1.3's gate mode keeps a flag its graphs never WAIT on: a release there leaves it at 1 (the
+    copies' check then refused the gate arm's copies on the H200). Wait-sync mode: the table's own flag."""
+    from . import harness
+
+    table = harness.make_table(harness.write_rows(tmp_path))
+    assert child.wait_flag(table) is table._flag
+    table._wait_sync = False  # FREETOKEN_PLE_SYNC=gate
+    assert child.wait_flag(table) is None and child.wait_flag(None) is None

@@ -89,6 +89,13 @@ def count_self_released_waits(capturing, seams: dict = SELF_RELEASED) -> dict[st
     return counts
 
 
+def wait_flag(table: object) -> object | None:
+    """The pinned flag the decode graphs WAIT on, or ``None`` where they hold no WAIT: 0.2.x allocates
+    it in wait-sync mode alone (``ple_disk.py:206-208``), 0.1.3 in every mode, gate too, where a
+    release would only leave it at 1."""
+    return getattr(table, "_flag", None) if getattr(table, "_wait_sync", False) else None
+
+
 class LaunchWatchdog:
     """Polls the launch in progress; one that has been inside the launch call for ``seconds`` is
     blocked behind its own WAIT, so release the WAIT's flag the way the fill would. Polling keeps
@@ -352,7 +359,7 @@ def main(spec_path: str) -> None:
             torch.cuda.CUDAGraph = cuda_graph
         if kept is not None:
             model = args[2] if len(args) > 2 else kwargs.get("model")
-            flag = getattr(getattr(model, "_ple_table", None), "_flag", None)
+            flag = wait_flag(getattr(model, "_ple_table", None))
             try:
                 copies.update(make_copies(self, spec["copies"], flag, release, driver))
             except Exception as exc:  # the run goes on without copies, and the report says why
@@ -374,7 +381,7 @@ def main(spec_path: str) -> None:
     eng, runner = llm.engine, llm.engine.graph_runner
     free_after_capture = torch.cuda.mem_get_info()[0]
     table = getattr(eng.model, "_ple_table", None)
-    flag = getattr(table, "_flag", None)
+    flag = wait_flag(table)
     dog = LaunchWatchdog(flag, spec["watchdog_s"], release)
     launches: list[tuple[int, float]] = []  # (bs, host ms of the replay call)
     first_launch_free: dict[str, list[int]] = {}  # bs: free bytes before and after its first launch
