@@ -398,3 +398,22 @@ def test_the_copies_release_the_ple_flag_only_where_the_graphs_wait_on_it(tmp_pa
     assert child.wait_flag(table) is table._flag
     table._wait_sync = False  # FREETOKEN_PLE_SYNC=gate
     assert child.wait_flag(table) is None and child.wait_flag(None) is None
+
+
+def test_the_decode_loop_launches_every_copy_made_for_each_size():
+    """The steps after a size's first launch run, in two cycles, the engine's own graph and each copy
+    ``make_copies`` made for that size (the handle for the label, never the own graph instead), each
+    twice; a size without copies runs its own graph only."""
+    from types import SimpleNamespace
+
+    stream = SimpleNamespace(cuda_stream=7, synchronize=lambda: None)
+    graph = SimpleNamespace(raw_cuda_graph=lambda: 1)
+    made = child.make_copies(SimpleNamespace(stream=stream, graph_map={2: graph, 1: graph}), 2, None, None,
+                             FakeDriver())
+    schedule = child.LoopSchedule(made)
+    for bs in (2, 1):
+        steps = [schedule.next(bs) for _ in range(2 * 5)]  # 2 copies of each kind and the own graph
+        assert sorted(label for label, _ in steps) == sorted(2 * ["own", "uploaded:0", "uploaded:1", "never:0",
+                                                                  "never:1"]), bs
+        assert all(handle == (None if label == "own" else made[bs][label]) for label, handle in steps), steps
+    assert child.LoopSchedule({}).next(4) == ("own", None)

@@ -189,6 +189,22 @@ def loop_schedule(labels: list[str], k: int) -> str:
     return labels[k % len(labels)]
 
 
+class LoopSchedule:
+    """Which executable each graph step of a size runs after that size's first launch: the cycle of
+    ``copy_labels`` for the copies ``make_copies`` made, the engine's own graph (handle ``None``)
+    where a size has none."""
+
+    def __init__(self, copies: dict[int, dict[str, int]]) -> None:
+        self.copies = copies
+        self.labels = {bs: copy_labels(len(made) // 2) for bs, made in copies.items()}  # as many of each kind
+        self.steps: dict[int, int] = {}  # bs: graph steps after its first launch, so far
+
+    def next(self, bs: int) -> tuple[str, int | None]:
+        k = self.steps[bs] = self.steps.get(bs, -1) + 1
+        label = loop_schedule(self.labels.get(bs, ["own"]), k)
+        return label, self.copies.get(bs, {}).get(label)
+
+
 def make_copies(runner, copies: int, flag, release, driver: Driver) -> dict[int, dict[str, int]]:
     """Per bs, ``copies`` fresh executables of the engine's graph uploaded (``cuGraphUpload`` then a
     sync, as 0.2.x's ``_upload_graph``) and as many never uploaded, right after the capture. Each is
@@ -388,8 +404,7 @@ def main(spec_path: str) -> None:
     steps: list[dict] = []
     fires: list[dict] = []
     seen_bs: set[int] = set()
-    labels = {bs: copy_labels(len(made) // 2) for bs, made in copies.items()}
-    loop_steps: dict[int, int] = {}  # bs: graph steps after its first launch, so far
+    schedule = LoopSchedule(copies)
     pending: dict = {}  # what the replay of the step in progress recorded, for forward_batch
 
     def event():
@@ -402,9 +417,7 @@ def main(spec_path: str) -> None:
         if first:  # the arm's own first launch, untouched
             first_launch_free[str(bs)] = [torch.cuda.mem_get_info()[0]]
         else:
-            k = loop_steps[bs] = loop_steps.get(bs, -1) + 1
-            label = loop_schedule(labels.get(bs, ["own"]), k)
-            handle = copies.get(bs, {}).get(label)
+            label, handle = schedule.next(bs)
             begin, finish = event(), event()
 
             def launch() -> None:
