@@ -1,0 +1,137 @@
+"""The lines a maintainer acts on: each verdict rule of ``bench --engine`` and ``--from-json`` held to a
+known answer, so that a one-line slip in one (a band dropped, a floor ignored, an order changed, a
+key misread) turns a test red."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from freetoken_graphfix.bench import engine_report, loop, rejudge
+from freetoken_graphfix.bench.engine_report import (
+    AS_CONTROL,
+    CANNOT,
+    COSTS,
+    FASTER,
+    LAUNCH_PATH,
+    NO_COST,
+    WITHIN_AA,
+    aa_floor,
+    judged,
+    worst,
+)
+from freetoken_graphfix.bench.stats import t975
+
+from .test_engine_figures import NOOP, looped, own_line, rec
+
+
+@pytest.mark.parametrize("ratio, half, floor, want", [
+    (1.001, 0.001, None, NO_COST),
+    (1.01, 0.002, None, COSTS),
+    (0.99, 0.002, None, FASTER),
+    (1.001, 0.001, 0.01, WITHIN_AA.format(1.0)),  # resolved within ±0.5%, but the A/A arms lay 1% apart
+    (1.01, 0.002, 0.02, WITHIN_AA.format(2.0)),   # a cost the A/A control's own spread covers
+    (0.99, 0.002, 0.02, WITHIN_AA.format(2.0)),   # a speed-up the same covers
+    (1.0, 0.01, None, CANNOT),
+    (math.nan, 0.001, None, CANNOT),
+])
+def test_a_figure_is_judged_on_the_wider_of_its_band_and_the_aa_floor(ratio, half, floor, want):
+    assert judged(ratio, half, floor) == want
+
+
+def test_the_aa_floor_is_how_far_the_identical_arms_came_apart_plus_its_band():
+    summary = {"aa": {"figures": {"step": {"2": [1.004, 0.001, 4.0]}, "graph": {"2": [math.nan, math.nan, 0]}}}}
+    assert aa_floor(summary, "step", "2") == pytest.approx(0.004 + t975(5) * 0.001)
+    assert aa_floor(summary, "graph", "2") is None and aa_floor(summary, "replay", "2") is None
+
+
+def test_a_cost_at_any_batch_size_outranks_a_size_that_cannot_tell():
+    assert worst([CANNOT, COSTS]) == COSTS and worst([NO_COST, CANNOT, FASTER]) == FASTER
+    assert worst([NO_COST, CANNOT]) == CANNOT and worst([NO_COST, NO_COST]) == NO_COST
+
+
+def test_gate_is_uploaded_at_capture_so_its_own_graph_is_judged_not_taken_for_the_launch_path():
+    """Gate runs FreeToken's own ``_upload_graph``: its own graph's 2% over never-uploaded copies is the
+    upload's (COSTS), as upstream's is; pre-697's same 2% is the launch path's."""
+    text = engine_report.render(rec(gate=[looped(i, own=1.02) for i in range(3)],
+                                    **{"pre-697": [looped(i + 3, own=1.0) for i in range(3)]}))
+    assert own_line(text, "gate").endswith(COSTS), own_line(text, "gate")
+    both = engine_report.render(rec(gate=[looped(i, own=1.02) for i in range(3)],
+                                    **{"pre-697": [looped(i + 3, own=1.02) for i in range(3)]}))
+    assert own_line(both, "pre-697").endswith(LAUNCH_PATH)
+    assert own_line(both, "gate").endswith(AS_CONTROL.format("pre-697"))
+
+
+def test_a_first_launch_that_blocked_in_one_process_is_the_arms_first_launch():
+    blocked = looped(0, first_launch_ms={"2": 4012.0, "1": 0.3})
+    summary = rec(**{"pre-697": [looped(1), blocked]})["summary"]
+    assert summary["arms"]["pre-697"]["first_launch_ms"] == {"2": 4012.0, "1": 0.3}
+
+
+def test_the_aa_figure_is_the_second_arm_over_the_first_as_printed():
+    """In the no-WAIT case the A/A pair is (pre-697, auto); the report prints "auto over pre-697"."""
+    record = rec(**{"pre-697": [looped(i) for i in range(3)], "auto": [looped(i + 3, step=1.02 * 1.01)
+                                                                       for i in range(3)]})
+    assert record["summary"]["aa"]["pair"] == ["pre-697", "auto"]
+    assert record["summary"]["aa"]["figures"]["step"]["2"][0] == pytest.approx(1.01, abs=0.002)
+    assert "A/A control (auto over pre-697" in engine_report.render(record)
+
+
+def test_processes_a_tenth_apart_in_host_time_share_one_host_mode():
+    """Host modes are a process's 20-100% jumps (a host-bound step), not the 1.5% the rig's replays
+    split at: two arms whose processes ran 10% apart on the host are still compared."""
+    record = rec(upstream=[looped(i, host=0.22) for i in range(2)],
+                 **{"pre-697": [looped(i + 2, host=0.245) for i in range(2)]})
+    assert record["summary"]["host_modes"]["2"] == [math.inf]
+    assert not math.isnan(record["summary"]["arms"]["upstream"]["cross"]["step"]["2"][0])
+
+
+def effect(upload: float, ss: float = 0.0, uploaded: int = 2, never: int = 2, own: float = 0.0) -> dict:
+    return {"upload": upload, "own": own, "ss": ss, "df": uploaded + never - 2, "uploaded": uploaded,
+            "never": never, "cycles": 10}
+
+
+def test_a_process_with_two_copies_of_each_kind_has_two_degrees_of_freedom():
+    process = loop.process_effect(looped(0, copies=2), "step_gpu_ms", "2")
+    assert (process["uploaded"], process["never"], process["df"]) == (2, 2, 2)
+
+
+def test_the_pooled_band_weighs_each_kind_by_its_executables():
+    """One process, two copies of each kind, copies 0.01 apart (ss 2e-4 on 2 degrees of freedom): the
+    upload is a mean of 2 over a mean of 2 (SE 0.01), the own graph one executable over a mean of 2."""
+    got = loop.combine([effect(0.01, ss=2e-4)], "upload")
+    assert got["se"] == pytest.approx(0.01) and got["half"] == pytest.approx(t975(3) * 0.01)
+    own = loop.combine([effect(0.01, ss=2e-4)], "own")
+    assert own["se"] == pytest.approx(math.sqrt(1e-4 * 1.5))
+
+
+def test_the_band_covers_how_far_processes_lie_apart():
+    """Three processes at 0, +1%, +2% with no spread inside any: the band is Student's t over the
+    processes; five with one far off: it reaches that one."""
+    three = loop.combine([effect(x) for x in (0.0, 0.01, 0.02)], "upload")
+    assert three["half"] == pytest.approx(t975(3) * 0.01 / math.sqrt(3))
+    five = loop.combine([effect(x) for x in (0.0, 0.0, 0.0, 0.0, 0.05)], "upload")
+    assert five["half"] == pytest.approx(0.04)
+
+
+def saved(tmp_path, record) -> rejudge.Saved:
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps([record]))
+    return rejudge.load(str(path))
+
+
+def test_from_json_fails_a_record_whose_protected_arm_blocked(tmp_path):
+    ok = rec(upstream=[looped(0)], auto=[looped(1, shim=NOOP)])
+    assert not saved(tmp_path, ok).failed()
+    blocked = rec(upstream=[looped(0)], auto=[looped(1, shim=NOOP, fires=[{"step": 3, "bs": 2, "flag_after": 1}])])
+    assert saved(tmp_path, blocked).failed()
+
+
+def test_from_json_judges_against_the_wait_the_config_expected(tmp_path):
+    """A record of a model whose config expects the PLE WAIT, where no run held one (the table not in
+    wait-sync mode): re-judged, it fails, as the run itself did."""
+    record = rec(expects_wait=True, upstream=[looped(0)], **{"pre-697": [looped(1)]})
+    assert not record["wait_case"] and saved(tmp_path, record).failed()
+    assert "not in CUDA wait-sync mode" in saved(tmp_path, record).render()
