@@ -401,3 +401,14 @@ def test_a_capture_pass_that_raised_says_its_graphs_never_launched(install, fake
     assert [g["action"] for g in graphs] == ["deferred", "deferred"]
     assert [g["first_launch"] for g in graphs] == ["the capture pass raised: never launched"] * 2
     assert pending() == 0
+
+
+def test_a_staged_fill_goes_to_one_first_launch_only(tmp_path):
+    """The fill staged for a step is the release of that step's WAIT alone: a first launch that took it
+    and then raised (so FreeToken never ran it) must not leave it for a later bare launch, which
+    would release its own WAIT with another step's rows."""
+    from freetoken_graphfix.deferred import FillStager, StagedFill
+
+    stager = FillStager.of(harness.make_table(harness.write_rows(tmp_path)))
+    stager.staged = fill = StagedFill(lambda: None, 1)
+    assert stager.take() is fill and stager.take() is None

@@ -232,3 +232,13 @@ def test_a_signal_left_pending_when_the_child_exits_does_not_replace_its_code(tm
             "sys.exit(run.supervise([sys.executable, '-c', child], dict(os.environ)))")
     out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True, timeout=60)
     assert out.returncode == 42 and out.stderr == "", (out.returncode, out.stderr)
+
+
+def test_the_relay_thread_ends_with_the_child():
+    """Once the child has exited, the relay thread takes the wake-up signal and ends: left waiting, the
+    wrapper would wait for it (5 s) before it exits."""
+    code = ("import os, sys, threading\nfrom freetoken_graphfix import run\n"
+            "assert run.supervise(['true'], dict(os.environ)) == 0\n"
+            "print([t.name for t in threading.enumerate() if t.name == 'freetoken-graphfix-signals'])")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)

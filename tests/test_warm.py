@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -191,3 +192,19 @@ def test_mode_enum_has_no_timing_inputs():
 
     assert list(inspect.signature(decide).parameters) == ["mode", "waits", "defer_unavailable"]
     assert Mode.WARM.value == "warm"
+
+
+def test_the_release_helper_polls_a_late_wait_at_most_5_ms_apart(monkeypatch):
+    """A GPU that consumes a WAIT late (a long head, a busy GPU) is polled with a back-off from 20 µs
+    that stops growing at 5 ms: the next WAIT is released within 5 ms of the GPU reaching it, however
+    late, so a slow warm replay stays a slow success, not one that idles for seconds."""
+    from freetoken_graphfix import strategies
+    from freetoken_graphfix.detect import Wait
+
+    flag = torch.zeros(1, dtype=torch.int64)
+    reads, pauses = iter([1] * 40 + [0]), []
+    monkeypatch.setattr(strategies, "read_flag", lambda f: next(reads))
+    monkeypatch.setattr(strategies.time, "sleep", pauses.append)
+    wait = Wait(flag=flag, owner=None, kind="PLE wait-sync", release=None, deferrable=True)
+    strategies._release_in_order([wait], threading.Event(), threading.Event())
+    assert len(pauses) == 40 and pauses[0] == 20e-6 and max(pauses) == pauses[-1] == 5e-3
