@@ -19,6 +19,7 @@ from freetoken_graphfix.bench.engine_report import (
     NO_COST,
     WITHIN_AA,
     aa_floor,
+    half_width,
     judged,
     worst,
 )
@@ -135,3 +136,15 @@ def test_from_json_judges_against_the_wait_the_config_expected(tmp_path):
     record = rec(expects_wait=True, upstream=[looped(0)], **{"pre-697": [looped(1)]})
     assert not record["wait_case"] and saved(tmp_path, record).failed()
     assert "not in CUDA wait-sync mode" in saved(tmp_path, record).render()
+
+
+def test_a_ratio_from_two_samples_has_a_band_of_student_t_on_one_degree_of_freedom():
+    assert half_width(0.001, 1) == pytest.approx(12.706 * 0.001, rel=1e-3)
+    assert math.isnan(half_width(0.001, 0)) and math.isnan(half_width(math.nan, 3))
+
+
+def test_the_markdown_opens_the_in_loop_figures_with_the_upload_in_bold():
+    record = rec(upstream=[looped(i) for i in range(2)], **{"pre-697": [looped(i + 2) for i in range(2)]})
+    lines = engine_report.markdown([record]).splitlines()
+    first = next(i for i, line in enumerate(lines) if "the upload in the decode loop" in line)
+    assert lines[first].startswith("**") and lines[first + 1].startswith("- "), lines[first:first + 2]
