@@ -148,3 +148,17 @@ def test_the_markdown_opens_the_in_loop_figures_with_the_upload_in_bold():
     lines = engine_report.markdown([record]).splitlines()
     first = next(i for i, line in enumerate(lines) if "the upload in the decode loop" in line)
     assert lines[first].startswith("**") and lines[first + 1].startswith("- "), lines[first:first + 2]
+
+
+def test_the_host_modes_line_says_one_mode_or_where_the_modes_split():
+    one = rec(upstream=[looped(i) for i in range(2)], **{"pre-697": [looped(i + 2) for i in range(2)]})
+    assert engine_report.host_mode_lines(one["summary"])[0].endswith("one per phase")
+    two = rec(upstream=[looped(0), looped(1, host=0.44)], **{"pre-697": [looped(2), looped(3, host=0.44)]})
+    assert "several: bs 2: A < " in engine_report.host_mode_lines(two["summary"])[0]
+
+
+def test_an_arm_without_traced_runs_says_so_in_the_timeline():
+    record = rec(upstream=[looped(0)], **{"pre-697": [looped(1)]})
+    text = engine_report.render(record)
+    assert all(any(line.startswith(f"{arm:14} not traced") for line in text.splitlines())
+               for arm in ("upstream", "pre-697")), text
