@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from . import gpu_checks
 from .bench_run import bench_record
+from .gpu_records import keep
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]  # a module fixture runs whole engines
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,26 +34,18 @@ def env_013() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def run():
+def rig():
     out = subprocess.run([sys.executable, "-m", "tests.run_013_gpu"], cwd=ROOT, env=env_013(), capture_output=True,
                          text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     record = json.loads(out.stdout.strip().splitlines()[-1])
     print("\n" + json.dumps(record, indent=1))
-    assert record["freetoken"] == "0.1.3"
-    return record
+    return keep("013-rig", "rig-steps", record)
 
 
-def test_unprotected_first_launches_block(run):
-    assert run["None"]["fired"] == [True, True, False, False], run["None"]
-
-
-@pytest.mark.parametrize("mode, action", [("auto", "deferred"), ("warm", "warm"), ("upload", "upload")])
-def test_protected_never_block_and_match_gate_mode(run, mode, action):
-    r = run[mode]
-    assert r["actions"] == [action, action]
-    assert r["fired"] == [False] * 4, r
-    assert all(r["logits_equal_gate"]), r
+@pytest.mark.parametrize("check", gpu_checks.for_record("013-rig"))
+def test_rig(rig, check):
+    check(rig)
 
 
 @pytest.fixture(scope="module")
@@ -62,20 +56,9 @@ def engine(tmp_path_factory):
                                  "--rounds", "1", "--trace-steps", "0", "--replays", "20", "--hang-timeout", "150",
                                  "--arms", "upstream", "gate", "auto"], tmp_path_factory.mktemp("engine-013"),
                                 env=env_013())
-    assert {r["freetoken"] for rs in record["runs"].values() for r in rs if "error" not in r} == {"0.1.3"}
-    return record, code
+    return keep("013-engine", "engine", record, code)
 
 
-def test_real_engine_unprotected_first_launches_block(engine):
-    record, _ = engine
-    upstream = record["summary"]["arms"]["upstream"]
-    assert not upstream["protected"] and upstream["errors"] == [], upstream
-    assert upstream["fires"] >= 1 and max(upstream["first_launch_ms"].values()) > 3900, upstream
-
-
-def test_real_engine_auto_never_blocks_and_matches_gate_mode(engine):
-    record, code = engine
-    auto = record["summary"]["arms"]["auto"]
-    assert auto["errors"] == [] and auto["fires"] == 0, auto
-    assert auto["reference"] == "gate" and auto["same_tokens_as_reference"], auto
-    assert code == 0  # bench's own verdict agrees
+@pytest.mark.parametrize("check", gpu_checks.for_record("013-engine"))
+def test_engine(engine, check):
+    check(engine)
