@@ -242,3 +242,22 @@ def test_the_relay_thread_ends_with_the_child():
             "print([t.name for t in threading.enumerate() if t.name == 'freetoken-graphfix-signals'])")
     out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)
+
+
+def test_a_child_that_joined_another_group_gets_the_signal_alone(tmp_path):
+    """The wrapper signals the child's group only when the child leads a group of its own (a server and
+    its workers); a child that joined some other process's group gets the signal alone, never that
+    group's other members."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=os.setpgrp)
+    try:
+        child = ("import os, signal, sys, time; os.setpgid(0, int(sys.argv[1])); "
+                 "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(55)); print('ready', flush=True); time.sleep(60)")
+        proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "run", "--", sys.executable, "-c", child,
+                                 str(bystander.pid)], env=child_env(None), stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 55
+        assert bystander.poll() is None, "the wrapper signalled the whole group the child had joined"
+    finally:
+        bystander.kill()
+        bystander.wait()
