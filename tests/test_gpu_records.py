@@ -20,12 +20,6 @@ from . import gpu_checks
 from .gpu_records import RECORDS, load
 
 GPU_MODULES = ["test_engine_gpu.py", "test_gpu.py", "test_serve_gpu.py", "test_013_gpu.py"]
-# record name: why no passing H200 run has kept it yet. Strict: once its record is kept, it must leave
-PENDING: dict[str, str] = {
-    "engine-hybrid-locked": "not yet run on the H200 since the engine suite's records were introduced",
-    "engine-llama": "not yet run on the H200 since the engine suite's records were introduced",
-    "013-engine": "its last H200 run failed on bench's gate-mode copies (fixed since), not run again yet",
-}
 
 
 def rejudged(name: str) -> dict:
@@ -49,15 +43,13 @@ def rejudged(name: str) -> dict:
 
 
 @pytest.mark.parametrize(("name", "check"), [
-    pytest.param(name, fn, id=f"{name}-{fn.__name__}",
-                 marks=[pytest.mark.xfail(reason=PENDING[name], strict=True)] if name in PENDING else [])
-    for name, fns in gpu_checks.CHECKS.items() for fn in fns])
+    pytest.param(name, fn, id=f"{name}-{fn.__name__}") for name, fns in gpu_checks.CHECKS.items() for fn in fns])
 def test_the_gpu_check_holds_on_its_recorded_h200_record(name, check):
     check(rejudged(name))
 
 
 def test_every_record_has_checks_and_every_check_a_record():
-    kept, checked = {p.stem for p in RECORDS.glob("*.json")}, set(gpu_checks.CHECKS) - set(PENDING)
+    kept, checked = {p.stem for p in RECORDS.glob("*.json")}, set(gpu_checks.CHECKS)
     assert kept == checked, (sorted(kept - checked), sorted(checked - kept))
 
 
