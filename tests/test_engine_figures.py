@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from freetoken_graphfix.bench import cli, engine, engine_report, engine_stats, loop
+from freetoken_graphfix.bench import cli, engine, engine_report, engine_stats, loop, verdicts
 
 from .test_engine_bench import result, shim
 
@@ -290,7 +290,7 @@ def test_an_in_process_interval_covers_every_processs_own_figure():
     runs = [looped(1, upload=0.992, noise=0.0005), looped(2, upload=1.0005, noise=0.0005)]
     f = loop.in_loop(runs, "upload")["launch"]["2"]
     assert f["half"] >= max(abs(math.log(p / f["ratio"])) for p in f["per_process"]) - 1e-12
-    assert engine_report.judged(f["ratio"], f["half"]) == engine_report.CANNOT
+    assert verdicts.judged(f["ratio"], f["half"]) == verdicts.CANNOT
 
 
 def test_arms_are_compared_across_processes_by_their_own_graphs_steps():
@@ -310,14 +310,14 @@ def test_the_aa_pair_is_the_floor_not_a_finding():
 
 
 def test_a_verdict_is_judged_on_the_95_percent_interval_and_the_half_percent_band():
-    judged = engine_report.judged
-    assert judged(1.0003, 0.0002) == engine_report.NO_COST  # resolved, but no regression
-    assert judged(1.003, 0.003) == engine_report.CANNOT  # reaches +0.6%: more than the band allows
-    assert judged(1.006, 0.001) == engine_report.COSTS and judged(0.99, 0.002) == engine_report.FASTER
-    assert judged(1.0, math.nan) == engine_report.CANNOT
+    judged = verdicts.judged
+    assert judged(1.0003, 0.0002) == verdicts.NO_COST  # resolved, but no regression
+    assert judged(1.003, 0.003) == verdicts.CANNOT  # reaches +0.6%: more than the band allows
+    assert judged(1.006, 0.001) == verdicts.COSTS and judged(0.99, 0.002) == verdicts.FASTER
+    assert judged(1.0, math.nan) == verdicts.CANNOT
     assert judged(1.015, 0.002, floor=0.03).startswith("within the A/A control's noise (±3.00%)")
-    assert judged(1.08, 0.002, floor=0.03) == engine_report.COSTS
-    assert engine_report.half_width(0.001, 2) == pytest.approx(0.004303)  # Student's t, 3 samples
+    assert judged(1.08, 0.002, floor=0.03) == verdicts.COSTS
+    assert verdicts.half_width(0.001, 2) == pytest.approx(0.004303)  # Student's t, 3 samples
 
 
 def test_a_host_bound_decode_step_is_named():
@@ -385,8 +385,8 @@ def test_the_engines_own_graph_is_judged_against_a_never_uploaded_arms_own_graph
     assert "FASTER" not in text.split("kernel timeline")[0]
     real = engine_report.render(rec(upstream=[looped(i, own=0.985) for i in range(3)],
                                     **{"pre-697": [looped(i) for i in range(3)]}))
-    assert own_line(real, "upstream").endswith(engine_report.FASTER)
-    assert own_line(real, "pre-697").endswith(engine_report.NO_COST)
+    assert own_line(real, "upstream").endswith(verdicts.FASTER)
+    assert own_line(real, "pre-697").endswith(verdicts.NO_COST)
 
 
 def test_the_copies_release_the_ple_flag_only_where_the_graphs_wait_on_it(tmp_path):

@@ -10,20 +10,9 @@ import math
 import pytest
 
 from freetoken_graphfix.bench import engine_report, loop, rejudge
-from freetoken_graphfix.bench.engine_report import (
-    AS_CONTROL,
-    CANNOT,
-    COSTS,
-    FASTER,
-    LAUNCH_PATH,
-    NO_COST,
-    WITHIN_AA,
-    aa_floor,
-    half_width,
-    judged,
-    worst,
-)
+from freetoken_graphfix.bench.engine_report import AS_CONTROL, LAUNCH_PATH, aa_floor, worst
 from freetoken_graphfix.bench.stats import t975
+from freetoken_graphfix.bench.verdicts import CANNOT, COSTS, FASTER, NO_COST, WITHIN_AA, half_width, judged
 
 from .test_engine_figures import NOOP, looped, own_line, rec
 

@@ -49,7 +49,6 @@ from .workload import build, load_tokenizer, read_text
 
 CHILD = Path(__file__).with_name("_engine_child.py")
 RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
-RESOLUTION = 0.005  # the 95% interval's half-width a ratio needs to resolve #775's 1-2%
 
 
 def run_arm(arm: str, spec: dict[str, Any], opts: argparse.Namespace, log_dir: str, label: str,

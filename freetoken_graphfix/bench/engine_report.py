@@ -10,44 +10,17 @@ import math
 from typing import Any
 
 from .arms import GATE, PATCHED_ARMS
-from .engine import RESOLUTION, failures, fmt_ms
+from .engine import failures, fmt_ms
 from .engine_stats import CROSS
 from .loop import METRICS as LOOP_METRICS
-from .stats import t975
+from .verdicts import CANNOT, COSTS, FASTER, NO_COST, half_width, judged
 
-COSTS, FASTER = "COSTS this GPU", "FASTER on this GPU"
-NO_COST = "no cost beyond ±0.5% (95% interval within it)"
-CANNOT = "no cost this run can resolve (95% interval wider than ±0.5%)"
-WITHIN_AA = "within the A/A control's noise (±{:.2f}%): separate processes cannot tell"
 NO_AA = "not judged: no A/A control in this run ({})"
 IDLE_ONLY = "from idle only; in the decode loop: {}"
 LAUNCH_PATH = "the engine's own launch path against the copies' (never uploaded either): not the upload"
 AS_CONTROL = "as {}'s own graph, never uploaded: the engine's own launch path, not the upload"
 SHORT = {"step": "decode step", "launch": "graph launch"}
 UPLOADED_AT_CAPTURE = ("upstream", "upload", GATE)  # FreeToken's _upload_graph (gate: upstream, fill before launch)
-
-
-def half_width(se: float, df: int) -> float:
-    """The 95% interval's half-width of a log-ratio with standard error ``se`` on ``df`` degrees of
-    freedom (Student's t: 4.3 SE at df 2, not 2); nan without a band."""
-    return t975(df + 1) * se if df >= 1 and not math.isnan(se) else math.nan
-
-
-def judged(ratio: float, half: float, floor: float | None = None) -> str:
-    """What a ratio to never-uploaded graphs means, on its 95% interval (``half``). An interval inside
-    ±0.5% is no cost, even one that excludes 1: #775's regression is 1-2%, and a resolved +0.03% is not
-    one. ``floor``, for a figure across processes, is how far the A/A control's two identical arms came
-    apart (with its band): no such figure may claim to resolve less."""
-    if math.isnan(ratio) or math.isnan(half):
-        return CANNOT
-    wide = max(half, floor or 0.0)
-    if abs(ratio - 1) + wide <= RESOLUTION:
-        return NO_COST
-    if ratio - 1 > wide:
-        return COSTS
-    if 1 - ratio > wide:
-        return FASTER
-    return WITHIN_AA.format(100 * floor) if floor is not None and floor > half else CANNOT
 
 
 def pct(ratio: float, half: float) -> str:

@@ -1,0 +1,47 @@
+"""The words a ratio to never-uploaded graphs is judged in, shared by the rig and ``--engine``, and
+the positive control's check: a bench that reads "no cost" must show it could have seen one."""
+
+from __future__ import annotations
+
+import math
+
+from .stats import t975
+
+RESOLUTION = 0.005  # the 95% interval's half-width a ratio needs to resolve #775's 1-2%
+COSTS, FASTER = "COSTS this GPU", "FASTER on this GPU"
+NO_COST = "no cost beyond ±0.5% (95% interval within it)"
+CANNOT = "no cost this run can resolve (95% interval wider than ±0.5%)"
+WITHIN_AA = "within the A/A control's noise (±{:.2f}%): separate processes cannot tell"
+CONTROL_ADDED = 0.02  # the positive control's extra GPU time, as a fraction of the step: #775's size
+
+
+def half_width(se: float, df: int) -> float:
+    """The 95% interval's half-width of a log-ratio with standard error ``se`` on ``df`` degrees of
+    freedom (Student's t: 4.3 SE at df 2, not 2); nan without a band."""
+    return t975(df + 1) * se if df >= 1 and not math.isnan(se) else math.nan
+
+
+def judged(ratio: float, half: float, floor: float | None = None) -> str:
+    """What a ratio to never-uploaded graphs means, on its 95% interval (``half``). An interval inside
+    ±0.5% is no cost, even one that excludes 1: #775's regression is 1-2%, and a resolved +0.03% is not
+    one. ``floor`` is how far the A/A control's identical arms came apart (with its band): no figure
+    may claim to resolve less."""
+    if math.isnan(ratio) or math.isnan(half):
+        return CANNOT
+    wide = max(half, floor or 0.0)
+    if abs(ratio - 1) + wide <= RESOLUTION:
+        return NO_COST
+    if ratio - 1 > wide:
+        return COSTS
+    if 1 - ratio > wide:
+        return FASTER
+    return WITHIN_AA.format(100 * floor) if floor is not None and floor > half else CANNOT
+
+
+def recovered(ratio: float, half: float, added: float, floor: float | None = None) -> bool:
+    """Whether a positive control of known extra cost ``added`` was seen: named a cost, and read
+    within the same interval (the wider of its band and the A/A floor) a real cost would be judged on."""
+    if math.isnan(ratio) or math.isnan(half) or math.isnan(added):
+        return False
+    wide = max(half, floor or 0.0)
+    return judged(ratio, half, floor) == COSTS and abs(ratio - 1 - added) <= wide
