@@ -237,8 +237,8 @@ def unknown_owner_warm_replayed(m: Measured) -> None:
 @check("rig-bench")
 def bench_record_every_instance_measured_and_only_skip_blocked(m: Measured) -> None:
     """``bench``'s own measuring path on a graph large enough to block: every instance of every
-    strategy captured through the shim, launched and timed; only ``skip`` blocks, and its bs 2
-    graph (captured first) blocks in every instance."""
+    strategy captured through the shim, launched and timed; only ``skip`` (and the positive control,
+    skip's graphs plus a spin) blocks, and its bs 2 graph (captured first) blocks in every instance."""
     record = m["record"]
     rows = {(r["arm"], r["bs"]): r for r in stats.rows(record)}
     instances, reps = record["config"]["instances"], record["config"]["reps"]
@@ -246,9 +246,23 @@ def bench_record_every_instance_measured_and_only_skip_blocked(m: Measured) -> N
     for (arm, bs), r in rows.items():
         assert r["n"] == instances * reps and r["instances"] == instances
         assert r["logits_equal_upload"], (arm, bs)
-        if arm != "skip":
+        if arm not in ("skip", stats.CONTROL):
             assert r["blocked"] == 0, (arm, bs, r["first_launch_ms"])
     assert rows["auto", "2"]["actions"] == rows["auto", "1"]["actions"] == ["deferred"]
+
+
+@check("rig-control")
+def the_positive_control_is_recovered_so_the_rig_could_see_775s_cost(m: Measured) -> None:
+    """The default rig (1090 kernels over 4 streams behind the PLE WAIT, every strategy): a spin of
+    about 2% of the step in never-uploaded graphs is read back within its interval at every bs, and
+    the verdict is one (not "none")."""
+    record = m["record"]
+    table = stats.rows(record)
+    controls = [r for r in table if r["arm"] == stats.CONTROL]
+    assert len(controls) == len(record["config"]["batch_sizes"]), stats.control_line(table)
+    assert all(0.015 < r["added"] < 0.025 for r in controls), [r["added"] for r in controls]
+    assert all(stats.control_recovered(r) for r in controls), stats.control_line(table)
+    assert not stats.verdict(table).startswith("verdict: none"), stats.verdict(table)
 
 
 # ---------------------------------------------------------------- FreeToken 0.1.3

@@ -117,22 +117,33 @@ def test_rows_pool_instances_and_report_their_spread():
     assert (auto["ratio_skip"], auto["instance_spread"], auto["actions"]) == (1.0, 0.0, ["deferred"])
     text = report.render(rec)
     assert "2 graph instances per strategy" in text and "BLOCKED 2/2" in text
-    assert "1.98%" in text and "0.35/0.50" in text
+    assert "1.98%" in text and "0.35/0.50 " in text
+
     assert auto["ratio_se"] == pytest.approx(1 / 101)  # skip's instance medians 100 and 102: sd 1.41, se 1
     assert "verdict: needs the upload and skip strategies" in text
+
+
+def test_past_four_streams_only_their_count_is_shown():
+    gaps = {f"s{i}": [0.1 * i] for i in range(1, 8)}
+    assert report.stream_gaps(gaps) == "0.10/0.20/0.30/0.40 +3"
+    assert report.stream_gaps({"s2": [0.5], "s1": [0.4]}) == "0.40/0.50"
 
 
 def test_verdict_weighs_the_upload_against_the_spread_of_instances():
     skip = [[100.0], [100.4], [99.6], [100.0]]
     slower = stats.rows(record(skip, skip, [[102.0], [102.4], [101.6], [102.0]]))
-    assert "+2.00% ± 0.46%" in stats.verdict(slower) and "COSTS this GPU" in stats.verdict(slower)
+    # 4 + 4 instances, df 6: t = 2.447 times the standard error 0.23%; the A/A floor (auto = skip) is as wide
+    assert "+2.00% ± 0.57%" in stats.verdict(slower) and "COSTS this GPU" in stats.verdict(slower)
     within = stats.rows(record(skip, skip, [[100.2], [100.6], [99.8], [100.2]]))
-    assert stats.verdict(within).endswith("no measurable cost on this GPU")
+    assert stats.verdict(within).endswith(
+        "no cost this run can resolve (its interval reaches beyond ±0.5%: run with more --instances)")
     single = stats.rows(record([[100.0]], [[100.0]], [[103.0]]))
     assert "cannot support the upload/skip ratio (needs --instances 2 or more" in stats.verdict(single)
-    wide = stats.rows(record([[100.0], [100.8], [99.2], [100.0]], [[100.0]] * 4, [[100.2], [101.0], [99.4], [100.2]]))
-    assert stats.verdict(wide).endswith("no cost this run can resolve (its band is wider than 0.5%: run with more "
-                                        "--instances)")
+    tight = [[100.0], [100.1], [99.9], [100.0]]
+    none = stats.rows(record(tight, tight, [[100.05], [100.15], [99.95], [100.05]]))
+    assert stats.verdict(none).endswith("no cost beyond ±0.5% on this GPU (95% interval within it)")
+    faster = stats.rows(record(tight, tight, [[97.0], [97.1], [96.9], [97.0]]))
+    assert "uploaded graphs replay FASTER on this GPU, by -3.00% (bs 1)" in stats.verdict(faster)
 
 
 def clustered(fast: float, slow: float, n_fast: int, n_slow: int, cost: float = 1.0) -> list[list[float]]:
@@ -157,14 +168,26 @@ def test_two_modes_are_detected_and_compared_within():
                      "time): skip 2/2, auto 1/3, upload 3/1"]
 
 
-def test_an_arm_alone_in_a_mode_gets_no_ratio_but_a_note():
+def test_an_upload_alone_in_a_mode_of_its_own_is_a_cost():
+    """Every uploaded instance ~7% above every never-uploaded one: the modes come from the never-uploaded
+    arms (one mode here), so that is a cost measured there, not "no shared mode"."""
     skip, upload = clustered(550, 588, 4, 0), clustered(550, 588, 0, 4)
     table = stats.rows(record(skip, skip, upload))
     up = next(r for r in table if r["arm"] == "upload")
-    assert not stats.supported(up) and "n/a" in report.render(record(skip, skip, upload))
+    assert stats.supported(up) and up["modes"] == 1 and up["ratio_skip"] == pytest.approx(588 / 550, abs=0.002)
+    assert "COSTS this GPU replay time, up to +6.9" in stats.verdict(table)
+
+
+def test_an_arm_in_a_mode_skip_never_reached_gets_no_ratio_but_a_note():
+    """auto's instances (never uploaded) all in the slow mode, skip's all in the fast one: within a mode
+    nothing compares, and the note says the arms fall into the modes unlike skip."""
+    skip, auto = clustered(550, 588, 4, 0), clustered(550, 588, 0, 4)
+    table = stats.rows(record(skip, auto, clustered(550, 588, 0, 4)))
+    up = next(r for r in table if r["arm"] == "upload")
+    assert not stats.supported(up) and "n/a" in report.render(record(skip, auto, clustered(550, 588, 0, 4)))
     assert stats.verdict(table).startswith("verdict: none: this run cannot support the upload/skip ratio")
-    assert stats.mode_notes(table)[0].endswith("; upload fall into them unlike skip (Fisher p < 0.05): that itself "
-                                               "may be a cost")
+    assert stats.mode_notes(table)[0].endswith("; auto, upload fall into them unlike skip (Fisher p < 0.05): that "
+                                               "itself may be a cost")
     assert stats.fisher_exact(0, 4, 4, 0) == pytest.approx(2 / 70)
 
 
@@ -174,8 +197,8 @@ def test_markdown_report_in_775s_terms():
     text = report.markdown(rec)
     assert "| GPU | GPU |" in text and "| FreeToken | 0.2.1 |" in text
     assert "| command | `python -m freetoken_graphfix bench --instances 4` |" in text
-    assert "| upload | 1 | 0.1020 | 1.0200 ± 0.0046 |" in text and "| skip | 1 | 0.1000 | 1 (base) |" in text
-    assert "**verdict: upload vs never uploaded (skip) replay: bs 1 +2.00% ± 0.46%" in text
+    assert "| upload | 1 | 0.1020 | 1.0200 ± 0.0056 |" in text and "| skip | 1 | 0.1000 | 1 (base) |" in text
+    assert "**verdict: upload vs never uploaded (skip) replay: bs 1 +2.00% ± 0.56%" in text
 
 
 def test_startup_bench_measures_armed_and_off():

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from freetoken_graphfix.bench import cli, engine, engine_report, engine_stats, loop, verdicts
+from freetoken_graphfix.bench import cli, engine, engine_report, engine_stats, loop, stats, verdicts
 
 from .test_engine_bench import result, shim
 
@@ -317,7 +317,7 @@ def test_a_verdict_is_judged_on_the_95_percent_interval_and_the_half_percent_ban
     assert judged(1.0, math.nan) == verdicts.CANNOT
     assert judged(1.015, 0.002, floor=0.03).startswith("within the A/A control's noise (±3.00%)")
     assert judged(1.08, 0.002, floor=0.03) == verdicts.COSTS
-    assert verdicts.half_width(0.001, 2) == pytest.approx(0.004303)  # Student's t, 3 samples
+    assert stats.half_width(0.001, 2) == pytest.approx(0.004303)  # Student's t, 3 samples
 
 
 def test_a_host_bound_decode_step_is_named():

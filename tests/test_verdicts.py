@@ -10,9 +10,9 @@ import math
 import pytest
 
 from freetoken_graphfix.bench import engine_report, loop, rejudge
-from freetoken_graphfix.bench.engine_report import AS_CONTROL, LAUNCH_PATH, aa_floor, worst
-from freetoken_graphfix.bench.stats import t975
-from freetoken_graphfix.bench.verdicts import CANNOT, COSTS, FASTER, NO_COST, WITHIN_AA, half_width, judged
+from freetoken_graphfix.bench.engine_report import AS_CONTROL, LAUNCH_PATH, aa_floor
+from freetoken_graphfix.bench.stats import half_width, t975
+from freetoken_graphfix.bench.verdicts import CANNOT, COSTS, FASTER, NO_COST, WITHIN_AA, judged, worst
 
 from .test_engine_figures import NOOP, looped, own_line, rec
 

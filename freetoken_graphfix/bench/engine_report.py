@@ -13,7 +13,8 @@ from .arms import GATE, PATCHED_ARMS
 from .engine import failures, fmt_ms
 from .engine_stats import CROSS
 from .loop import METRICS as LOOP_METRICS
-from .verdicts import CANNOT, COSTS, FASTER, NO_COST, half_width, judged
+from .stats import half_width
+from .verdicts import COSTS, FASTER, judged, worst
 
 NO_AA = "not judged: no A/A control in this run ({})"
 IDLE_ONLY = "from idle only; in the decode loop: {}"
@@ -77,12 +78,6 @@ def loop_parts(figures: dict[str, dict[str, Any]], metric: str) -> tuple[list[st
         parts.append(f"bs {bs} {pct(f['ratio'], f['half'])}{spread}")
         verdicts.append(judged(f["ratio"], f["half"]))
     return parts, verdicts
-
-
-def worst(verdicts: list[str]) -> str:
-    """The line's verdict over its batch sizes: a cost or a speed-up anywhere first, then the weakest."""
-    order = (COSTS, FASTER, CANNOT)
-    return next((v for v in order if v in verdicts), next((v for v in verdicts if v != NO_COST), NO_COST))
 
 
 def own_graph_verdicts(summary: dict[str, Any]) -> dict[str, tuple[str, str]]:

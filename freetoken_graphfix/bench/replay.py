@@ -1,5 +1,7 @@
 """Replay cost per strategy: several graph instances per strategy, captured through the shim, replayed
-interleaved round-robin so slow drift of clocks or temperature lands on every arm alike."""
+interleaved round-robin so slow drift of clocks or temperature lands on every arm alike; beside them
+the positive control, skip's graphs plus a spin of known GPU time (about #775's 2% of the step)
+measured by exactly the same schedule, which shows what cost this run could have seen."""
 
 from __future__ import annotations
 
@@ -11,14 +13,18 @@ from typing import Any
 
 from .common import OK, environment, progress, rotated
 from .cupti import gaps_from_child, profile_gaps
-from .stats import summary
+from .stats import CONTROL, summary
+from .verdicts import CONTROL_ADDED
 
 STRATEGIES = ("upload", "skip", "warm", "deferred", "auto")
 
 
-def build_arms(opts: argparse.Namespace) -> tuple[Any, dict[tuple[str, int], Any], dict[str, dict[str, Any]]]:
+def build_arms(opts: argparse.Namespace, control: bool = False
+               ) -> tuple[Any, dict[tuple[str, int], Any], dict[str, dict[str, Any]], dict[str, Any] | None]:
     """Capture ``opts.instances`` runners per strategy through the shim and launch each graph the way
-    FreeToken does (first launch, then a check step whose logits every arm must share with ``upload``).
+    FreeToken does (first launch, then a check step whose logits every arm must share with ``upload``);
+    with ``control`` (and ``skip`` among the strategies), the positive control's arm as well, and its
+    spin's calibration.
 
     Several instances per strategy because separately captured copies of one graph replay up to ~1%
     apart on the H200 even when treated identically: one instance per arm cannot resolve a 0.3% band.
@@ -33,15 +39,16 @@ def build_arms(opts: argparse.Namespace) -> tuple[Any, dict[tuple[str, int], Any
     arms: dict[str, dict[str, Any]] = {}
     runners: dict[tuple[str, int], Any] = {}
     logits: dict[str, list[dict[int, Any]]] = {}
-    for arm in opts.strategies:
+
+    def capture(name: str, mode: str) -> None:
         hooks.uninstall()
-        hooks.install(arm)
-        rec = arms[arm] = {"capture_s": [], "graphs": {},
-                           "first_launch": {str(bs): {"launch_ms": [], "blocked": []} for bs in bs_list},
-                           "replay_us": {str(bs): [[] for _ in range(opts.instances)] for bs in bs_list}}
+        hooks.install(mode)
+        rec = arms[name] = {"capture_s": [], "graphs": {},
+                            "first_launch": {str(bs): {"launch_ms": [], "blocked": []} for bs in bs_list},
+                            "replay_us": {str(bs): [[] for _ in range(opts.instances)] for bs in bs_list}}
         for i in range(opts.instances):
             t0 = time.perf_counter()
-            runner = runners[arm, i] = rig.capture(bs_list)
+            runner = runners[name, i] = rig.capture(bs_list)
             rec["capture_s"].append(time.perf_counter() - t0)
             for g in hooks.status()["passes"][-1]["graphs"]:
                 graph = rec["graphs"].setdefault(str(g["name"]), {"action": [], "hook_ms": []})
@@ -51,13 +58,68 @@ def build_arms(opts: argparse.Namespace) -> tuple[Any, dict[tuple[str, int], Any
                 first = rig.step(runner, bs, seed=bs, watchdog_s=opts.watchdog)
                 rec["first_launch"][str(bs)]["launch_ms"].append(first.launch_ms)
                 rec["first_launch"][str(bs)]["blocked"].append(first.fired)
-            logits.setdefault(arm, []).append(
+            logits.setdefault(name, []).append(
                 {bs: rig.step(runner, bs, seed=1000 + bs, watchdog_s=opts.watchdog).logits for bs in bs_list})
+
+    for arm in opts.strategies:
+        capture(arm, arm)
+    calibration = None
+    if control and "skip" in opts.strategies:
+        step_us = statistics.median(replay_times(rig, runners, ("skip", 0), bs_list))
+        calibration = calibrate_spin(CONTROL_ADDED * step_us, rig.stream)
+        rig.model.spin_cycles = calibration["spin_cycles"]
+        capture(CONTROL, "skip")  # never uploaded, exactly as skip's graphs, plus the spin
+        rig.model.spin_cycles = 0
+        calibration["step_us"] = step_us
     hooks.uninstall()
     ref = logits.get("upload", next(iter(logits.values())))[0]
     for arm, per_instance in logits.items():
         arms[arm]["logits_equal_upload"] = all(torch.equal(got[bs], ref[bs]) for got in per_instance for bs in bs_list)
-    return rig, runners, arms
+    return rig, runners, arms, calibration
+
+
+def replay_times(rig: Any, runners: dict[tuple[str, int], Any], key: tuple[str, int], bs_list: tuple[int, ...],
+                 reps: int = 30) -> list[float]:
+    """GPU µs of ``reps`` replays of one runner's graphs (every bs), after a few untimed ones."""
+    import torch
+
+    launch = launcher(rig, runners)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    with torch.cuda.stream(rig.stream):
+        for rep in range(reps + 3):
+            for bs in bs_list:
+                start.record(rig.stream)
+                launch(*key, bs)
+                end.record(rig.stream)
+                end.synchronize()
+                if rep >= 3:
+                    times.append(1e3 * start.elapsed_time(end))
+    return times
+
+
+def calibrate_spin(target_us: float, stream: Any, spins: int = 50) -> dict[str, Any]:
+    """The spin (``torch.cuda._sleep``, a kernel that counts GPU clocks) that takes ``target_us`` on
+    this GPU now, and its own measured GPU time: ``spins`` of it back to back behind a long one, so
+    the GPU never waits on the host between them."""
+    import torch
+
+    def per_spin_us(cycles: int) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(20 * cycles)  # a queue ahead: the timed spins start back to back
+            start.record(stream)
+            for _ in range(spins):
+                torch.cuda._sleep(cycles)
+            end.record(stream)
+        end.synchronize()
+        return 1e3 * start.elapsed_time(end) / spins
+
+    probe = 100_000
+    cycles = max(1, round(target_us * probe / per_spin_us(probe)))
+    measured = sorted(per_spin_us(cycles) for _ in range(5))
+    return {"spin_cycles": cycles, "spin_us": measured[2], "spin_us_range": [measured[0], measured[-1]],
+            "target_us": target_us}
 
 
 def launcher(rig: Any, runners: dict[tuple[str, int], Any]) -> Any:
@@ -81,7 +143,7 @@ def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
     the gaps come from a child process that captures the same arms under the profiler."""
     import torch
 
-    rig, runners, arms = build_arms(opts)
+    rig, runners, arms, calibration = build_arms(opts, control=True)
     keys, stream = list(runners), rig.stream
     bs_list = sorted(map(int, next(iter(arms.values()))["replay_us"]), reverse=True)
     launch = launcher(rig, runners)
@@ -103,6 +165,8 @@ def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
     record = {"env": environment(),
               "config": {k: v for k, v in vars(opts).items() if k not in ("json", "plot", "markdown")},
               "arms": arms, "host_overhead": host_overhead(rig, runners.get(("auto", 0)) or runners[keys[0]])}
+    if calibration is not None:
+        record["control"] = calibration
     gaps, record["gaps_note"] = gaps_from_child(opts) if opts.profile_reps else ({}, "not traced (--profile-reps 0)")
     for arm in arms:
         arms[arm]["gaps_us"] = gaps.get(arm, {})
@@ -177,7 +241,7 @@ def gaps_child(opts: argparse.Namespace) -> int:
 
     # CUPTI must be initialised before graphs are captured, or their kernels go untraced (PyTorch #75504)
     _utils._init_for_cuda_graphs()
-    rig, runners, arms = build_arms(opts)
+    rig, runners, arms, _ = build_arms(opts)
     bs = max(opts.batch_sizes)
     launch = launcher(rig, runners)
     gaps, note = profile_gaps(list(arms), bs, lambda arm, bs: launch(arm, 0, bs), rig.stream, opts.profile_reps)

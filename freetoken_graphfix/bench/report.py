@@ -5,20 +5,25 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .stats import mode_notes, rows, supported, verdict
+from .stats import control_line, judging_width, mode_notes, rows, supported, verdict
+
+SHOWN_STREAMS = 4
 
 
 def stream_gaps(gaps_us: dict[str, list[float]]) -> str:
-    """The median gap of each stream of the graph, in rank order (``s1`` first): ``0.38/0.41/0.40/0.39``."""
-    medians = [f"{statistics.median(v):.2f}" for _, v in sorted(gaps_us.items(), key=lambda kv: int(kv[0][1:])) if v]
-    return "/".join(medians) or "n/a"
+    """The median gap of each stream of the graph, in rank order (``s1`` first): ``0.38/0.41/0.40/0.39``.
+    A graph's branches run on as many driver streams as it has (a fork per layer: 100 and more), so
+    past the first ``SHOWN_STREAMS`` only their count is shown (``--json`` keeps every one)."""
+    ranked = [v for _, v in sorted(gaps_us.items(), key=lambda kv: int(kv[0][1:])) if v]
+    medians = "/".join(f"{statistics.median(v):.2f}" for v in ranked[:SHOWN_STREAMS]) or "n/a"
+    return medians + (f" +{len(ranked) - SHOWN_STREAMS}" if len(ranked) > SHOWN_STREAMS else "")
 
 
 def _ratio(r: dict[str, Any]) -> str:
-    """``1.0013 ± 0.0028`` (two standard errors over instances), or why the run cannot say."""
+    """``1.0013 ± 0.0028`` (the 95% interval over instances, or the A/A floor where wider), or ``n/a``."""
     if r["arm"] == "skip":
         return "1 (base)"
-    return f"{r['ratio_skip']:.4f} ± {2 * r['ratio_se']:.4f}" if supported(r) else "n/a"
+    return f"{r['ratio_skip']:.4f} ± {judging_width(r):.4f}" if supported(r) else "n/a"
 
 
 def render(record: dict[str, Any]) -> str:
@@ -29,8 +34,8 @@ def render(record: dict[str, Any]) -> str:
              f"{'no' if cfg['no_wait'] else 'yes (real DiskRowTable)'}, H2D {'yes' if cfg['h2d'] else 'no'}, "
              f"bs {cfg['batch_sizes']}; {cfg['instances']} graph instances per strategy, {cfg['reps']} interleaved "
              "replays each; times in µs (all instances pooled)",
-             f"{'strategy':9} {'bs':>3} {'action':9} {'median':>9} {'p10':>9} {'p90':>9} {'/skip ± 2 SE':>17} "
-             f"{'spread':>7} {'gap µs s1/s2/..':>24} {'1st launch ms':>14} {'hook ms':>8} {'logits':>7}"]
+             f"{'strategy':9} {'bs':>3} {'action':9} {'median':>9} {'p10':>9} {'p90':>9} {'/skip ± 95%':>17} "
+             f"{'spread':>7} {'gap µs s1/s2/s3/s4 +more':>28} {'1st launch ms':>14} {'hook ms':>8} {'logits':>7}"]
     shown: set[str] = set()
     table = rows(record)
     for r in table:
@@ -40,13 +45,16 @@ def render(record: dict[str, Any]) -> str:
             gaps = stream_gaps(record["arms"][r["arm"]]["gaps_us"])
         blocked = f" BLOCKED {r['blocked']}/{r['instances']}" if r["blocked"] else ""
         lines.append(f"{r['arm']:9} {r['bs']:>3} {'/'.join(r['actions']):9} {r['median']:9.1f} {r['p10']:9.1f} "
-                     f"{r['p90']:9.1f} {_ratio(r):>17} {100 * r['instance_spread']:6.2f}% {gaps:>24} "
+                     f"{r['p90']:9.1f} {_ratio(r):>17} {100 * r['instance_spread']:6.2f}% {gaps:>28} "
                      f"{r['first_launch_ms']:>14.2f}{blocked} {r['hook_ms']:8.2f} "
                      f"{'same' if r['logits_equal_upload'] else 'DIFF':>7}")
-    lines.append("/skip: mean of the instances' medians over skip's, within the modes they share; spread: max - min "
+    lines.append("/skip: mean of the instances' medians over skip's, within the modes the never-uploaded arms fall "
+                 "into, ± the wider of its 95% interval and the A/A floor; spread: max - min "
                  "of the instances' medians over the pooled median; gap: median µs between consecutive kernels on "
-                 "each stream of the graph (s1: the one with most kernels), traced at the largest bs")
+                 "each stream of the graph (s1: the one with most kernels; +N: N more streams), traced at the "
+                 "largest bs")
     lines += mode_notes(table)
+    lines.append(control_line(table))
     lines.append(verdict(table))
     lines.append(f"CUPTI: {record.get('gaps_note', 'n/a')}")
     ho = record.get("host_overhead")
@@ -70,11 +78,11 @@ def markdown(record: dict[str, Any]) -> str:
                                           ("command", f"`{record['command']}`"))),
            "", f"GPU time of one decode-like graph replay ({cfg['kernels']} kernels over {cfg['streams']} streams"
            f"{' behind a PLE wait-sync WAIT' if not cfg['no_wait'] else ''}), {cfg['instances']} instances per "
-           f"strategy x {cfg['reps']} interleaved replays; ratios ± two standard errors over instances:", "",
+           f"strategy x {cfg['reps']} interleaved replays; ratios ± their 95% interval over instances:", "",
            "| strategy | bs | ms per step (median) | vs never uploaded (skip) |", "|---|---|---|---|",
            *(f"| {r['arm']} | {r['bs']} | {r['median'] / 1e3:.4f} | {_ratio(r)} |" for r in table), ""]
     out += [f"- {note}" for note in mode_notes(table)]
-    out += [f"**{verdict(table)}**", ""]
+    out += [f"- {control_line(table)}", "", f"**{verdict(table)}**", ""]
     return "\n".join(out)
 
 

@@ -57,7 +57,8 @@ def hash_constants() -> dict:
 
 
 class DecodeModel:
-    """PLE lookup (the graph's head WAIT) then ``kernels`` small kernels over ``streams`` streams."""
+    """PLE lookup (the graph's head WAIT) then ``kernels`` small kernels over ``streams`` streams; with
+    ``spin_cycles``, a spin of that many GPU clocks last on the main stream (the positive control)."""
 
     def __init__(self, device: torch.device, table: Any, kernels: int, streams: int, h2d: bool) -> None:
         self.device, self.table, self.streams = device, table, streams
@@ -70,6 +71,7 @@ class DecodeModel:
         self.h2d_src = torch.randn(64 * 1024, pin_memory=True) if h2d else None
         self.h2d_dst = torch.empty(64 * 1024, device=device) if h2d else None
         self.ctx: Any = None
+        self.spin_cycles = 0
 
     def forward(self) -> torch.Tensor:
         bs = self.ctx.batch.padded_size
@@ -90,6 +92,8 @@ class DecodeModel:
                         torch.mul(x, 1.0001, out=y)  # idempotent: replays never drift
             for side in self.sides:
                 main.wait_stream(side)
+        if self.spin_cycles:
+            torch.cuda._sleep(self.spin_cycles)  # after the join: on the critical path, its whole length
         return base + sum(float(i + 1) * y[:LOGITS] for i, y in enumerate(self.y))
 
 

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import math
 
-from .stats import t975
-
 RESOLUTION = 0.005  # the 95% interval's half-width a ratio needs to resolve #775's 1-2%
 COSTS, FASTER = "COSTS this GPU", "FASTER on this GPU"
 NO_COST = "no cost beyond ±0.5% (95% interval within it)"
-CANNOT = "no cost this run can resolve (95% interval wider than ±0.5%)"
-WITHIN_AA = "within the A/A control's noise (±{:.2f}%): separate processes cannot tell"
+CANNOT = "no cost this run can resolve (its 95% interval reaches beyond ±0.5%)"
+WITHIN_AA = "within the A/A control's noise (±{:.2f}%): identically treated arms came that far apart"
 CONTROL_ADDED = 0.02  # the positive control's extra GPU time, as a fraction of the step: #775's size
-
-
-def half_width(se: float, df: int) -> float:
-    """The 95% interval's half-width of a log-ratio with standard error ``se`` on ``df`` degrees of
-    freedom (Student's t: 4.3 SE at df 2, not 2); nan without a band."""
-    return t975(df + 1) * se if df >= 1 and not math.isnan(se) else math.nan
 
 
 def judged(ratio: float, half: float, floor: float | None = None) -> str:
@@ -36,6 +28,12 @@ def judged(ratio: float, half: float, floor: float | None = None) -> str:
     if 1 - ratio > wide:
         return FASTER
     return WITHIN_AA.format(100 * floor) if floor is not None and floor > half else CANNOT
+
+
+def worst(verdicts: list[str]) -> str:
+    """The line's verdict over its batch sizes: a cost or a speed-up anywhere first, then the weakest."""
+    order = (COSTS, FASTER, CANNOT)
+    return next((v for v in order if v in verdicts), next((v for v in verdicts if v != NO_COST), NO_COST))
 
 
 def recovered(ratio: float, half: float, added: float, floor: float | None = None) -> bool:

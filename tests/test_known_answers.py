@@ -1,0 +1,89 @@
+"""The rig's verdict held to known answers: records in ``bench --json``'s shape with the upload a known
+amount slower or faster, the instances 0.1-0.5% apart, over many seeds. A verdict that hides an
+effect (a cost taken for a mode of its own, a speed-up called "none") or invents one at 0 turns red."""
+
+from __future__ import annotations
+
+import pytest
+
+from freetoken_graphfix.bench import report, stats
+
+from .known_answers import rig_record
+
+SEEDS = range(20)
+APART = (0.001, 0.0025, 0.005)
+
+
+def word(verdict: str) -> str:
+    for w in ("COSTS", "FASTER", "no cost beyond", "verdict: none"):
+        if w in verdict:
+            return w
+    return verdict
+
+
+@pytest.mark.parametrize("apart", APART)
+@pytest.mark.parametrize("cost", [-0.03, 0.01, 0.021, 0.03, 0.05, 0.10])
+def test_the_verdict_names_the_direction_and_the_size_within_its_band(cost, apart):
+    right = 0
+    for seed in SEEDS:
+        table = stats.rows(rig_record(cost, apart, seed))
+        ups = [r for r in table if r["arm"] == "upload"]
+        direction = word(stats.verdict(table)) == ("COSTS" if cost > 0 else "FASTER")
+        right += direction and all(abs(r["ratio_skip"] - 1 - cost) <= stats.judging_width(r) for r in ups)
+    assert right >= 19, f"{right} of 20 seeds right at {cost:+.1%}, instances {apart:.2%} apart"
+
+
+@pytest.mark.parametrize("apart", APART)
+def test_no_upload_cost_is_never_called_a_cost_or_a_speed_up(apart):
+    verdicts = [stats.verdict(stats.rows(rig_record(0.0, apart, seed))) for seed in SEEDS]
+    assert all(word(v) == "no cost beyond" for v in verdicts), [v for v in verdicts if "no cost beyond" not in v]
+
+
+def test_a_cost_beyond_every_never_uploaded_instance_is_a_cost_not_a_mode_of_its_own():
+    """The split into modes comes from the never-uploaded arms alone: a +10% upload lies outside all of
+    them, in the one mode they share, and is measured there."""
+    table = stats.rows(rig_record(0.10, 0.0035, seed=1))
+    up = next(r for r in table if r["arm"] == "upload")
+    assert up["modes"] == 1 and up["ratio_skip"] == pytest.approx(1.10, abs=0.002)
+    assert "COSTS this GPU replay time, up to +10" in stats.verdict(table)
+
+
+def test_tight_instances_resolve_775s_cost():
+    table = stats.rows(rig_record(0.021, 0.001, seed=3))
+    assert "COSTS" in stats.verdict(table) and "+2.1" in stats.verdict(table)
+
+
+def test_the_positive_control_recovered_gives_the_runs_sensitivity():
+    text = report.render(rig_record(0.0, 0.0025, seed=2))
+    line = next(ln for ln in text.splitlines() if ln.startswith("positive control"))
+    assert "bs 1 +2.00% added, read +2.0" in line and ": recovered; this run names any cost above +0." in line
+
+
+def test_a_control_not_recovered_leaves_no_verdict_and_says_why():
+    """A run that reads the known +2% as +0.5% would have read #775's cost as small as well."""
+    table = stats.rows(rig_record(0.05, 0.0025, seed=4, control_read=0.005))
+    assert stats.control_line(table).endswith("NOT recovered, so no verdict")
+    assert stats.verdict(table).startswith("verdict: none: the positive control was not recovered (bs ")
+    overread = stats.rows(rig_record(0.0, 0.001, seed=4, control_read=0.04))
+    assert stats.verdict(overread).startswith("verdict: none: the positive control was not recovered")
+
+
+def test_a_record_written_before_the_control_is_judged_and_says_it_lacks_one():
+    record = rig_record(0.021, 0.0025, seed=5, arms=("upload", "skip", "warm", "deferred", "auto"))
+    table = stats.rows(record)
+    assert stats.control_line(table).startswith("positive control: not measured (it needs the skip strategy")
+    assert "COSTS" in stats.verdict(table)
+    assert "positive control: not measured" in report.markdown(record)
+
+
+def test_the_aa_floor_widens_the_interval_when_identical_arms_came_apart():
+    """Arms captured one after another may differ by where they were placed, not by what was done to
+    them: the A/A arms' own distance bounds what a ratio may claim."""
+    record = rig_record(0.004, 0.001, seed=6)
+    for replays in record["arms"]["warm"]["replay_us"].values():
+        for instance in replays:
+            instance[:] = [t * 1.006 for t in instance]
+    table = stats.rows(record)
+    up = next(r for r in table if r["arm"] == "upload" and r["bs"] == "1")
+    assert up["aa_floor"] > 0.006 > up["half"]
+    assert "COSTS" not in stats.verdict(table)
