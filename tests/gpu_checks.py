@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from freetoken_graphfix.bench import arms as bench_arms
-from freetoken_graphfix.bench import engine, stats
+from freetoken_graphfix.bench import engine, stats, verdicts
 
 Measured = dict[str, Any]
 CHECKS: dict[str, list[Callable[[Measured], None]]] = {}
@@ -124,14 +124,37 @@ def the_decode_loop_launches_every_copy_and_keeps_the_tokens(m: Measured) -> Non
     labels_want = {"own", *(f"{kind}:{i}" for kind in ("uploaded", "never") for i in range(record["copies"]))}
     for arm, rs in record["runs"].items():
         for r in rs:
+            controls = {"control:0", "control:1"} if r.get("control_spin") else set()
             for bs, labels in r["step_exec"].items():
-                assert set(labels) == labels_want, (arm, bs)
+                assert set(labels) == labels_want | controls, (arm, bs)
                 assert all(a != b for a, b in zip(labels, labels[1:], strict=False)), (arm, bs)
                 assert len(r["launch_gpu_ms"][bs]) == len(labels) == len(r["step_gpu_ms"][bs])
     up = record["summary"]["upload_in_loop"]
     assert set(up["launch"]) >= {"2", "1"} and all(f["processes"] >= 2 for f in up["launch"].values())
     if record["traced"] and any(record["traced"].values()):
         assert {s["copies_tokens"] for s in record["summary"]["arms"].values()} == {"same"}
+
+
+@check("engine-small")
+def the_positive_control_is_read_back_in_the_decode_loop(m: Measured) -> None:
+    """Every timed process ran the positive control (a spin of about 2% of the graph after two more
+    never-uploaded copies, in the cycle); in each metric and bs the loop read it within its interval
+    of what it added, and resolved it (a cost, at its size) in at least one: the loop could have seen
+    a cost of #775's size there. Where the interval is wider than the control (the 48-layer model's
+    bs 1 on the H200, ±1.2% from two copies a kind) the report leaves the upload unjudged."""
+    record = m["record"]
+    for arm, rs in record["runs"].items():
+        for r in rs:
+            spin = r.get("control_spin") or {}
+            assert spin.get("spin_cycles", 0) > 0 and spin.get("spin_us", 0) > 0, (arm, spin)
+    ctl = record["summary"]["control_in_loop"]
+    assert set(ctl) == {"step", "launch"}, ctl
+    figures = [(metric, bs, f) for metric, by_bs in ctl.items() for bs, f in by_bs.items()]
+    assert {bs for _, bs, _ in figures} >= {"2", "1"}
+    for metric, bs, f in figures:
+        assert 0.005 < f["added"] < 0.03, (metric, bs, f["added"])
+        assert abs(f["ratio"] - 1 - f["added"]) <= f["half"], (metric, bs, f)
+    assert any(verdicts.recovered(f["ratio"], f["half"], f["added"]) for _, _, f in figures), figures
 
 
 @check("engine-llama")

@@ -22,14 +22,16 @@ spec.loader.exec_module(child)  # the child's schedule itself: it imports nothin
 
 
 def looped(seed=0, *, step=1.02, host=0.22, upload=1.0, own=1.0, copies=4, steps=199, drift=0.0, switch=None,
-           noise=0.002, placement=0.0, idle=1.0, idle_own=1.0, tokens=None, **over):
+           noise=0.002, placement=0.0, idle=1.0, idle_own=1.0, tokens=None, spin_ms=None, spin_read=1.0, **over):
     """One timed process at bs 2 and 1: ``steps`` graph steps after each first launch, launching the
     executables in the child's schedule. Uploaded copies take ``upload`` times as long, the engine's
     own graph ``own`` times; the process drifts by ``drift`` a step and its steps jump by 20% from
     step ``switch`` on (a host mode switch); each executable sits ``placement`` (relative SD) off.
-    From idle, every executable replays at ``idle`` x the step and the own graph ``idle_own`` x that."""
+    From idle, every executable replays at ``idle`` x the step and the own graph ``idle_own`` x that.
+    With ``spin_ms``, the positive control's launches take that much longer (times ``spin_read``: a run
+    that misreads it), and the record notes the spin's own length."""
     rng = random.Random(seed)
-    labels = child.copy_labels(copies)
+    labels = child.copy_labels(copies, control=spin_ms is not None)
     out = {k: {} for k in ("step_exec", "step_gpu_ms", "launch_gpu_ms", "graph_gpu_ms", "step_host_ms")}
     for bs in ("2", "1"):
         offset = {label: math.exp(rng.gauss(0, placement)) for label in labels}
@@ -38,7 +40,8 @@ def looped(seed=0, *, step=1.02, host=0.22, upload=1.0, own=1.0, copies=4, steps
         for k, label in enumerate(execs):
             factor = upload if label.startswith("uploaded") else own if label == "own" else 1.0
             jump = 1.2 if switch is not None and k >= switch else 1.0
-            times.append(step * (1 + drift * k) * jump * factor * offset[label] * (1 + rng.gauss(0, noise)))
+            spin = spin_ms * spin_read if label.startswith("control") else 0.0
+            times.append((step * (1 + drift * k) * jump * factor + spin) * offset[label] * (1 + rng.gauss(0, noise)))
         out["step_exec"][bs] = execs
         out["step_gpu_ms"][bs] = times
         out["launch_gpu_ms"][bs] = [0.98 * t for t in times]
@@ -50,6 +53,8 @@ def looped(seed=0, *, step=1.02, host=0.22, upload=1.0, own=1.0, copies=4, steps
                             for bs in ("2", "1")}
     if tokens is not None:
         out["token_ids"] = tokens
+    if spin_ms is not None:
+        out["control_spin"] = {"spin_cycles": 1, "spin_us": 1e3 * spin_ms, "bs": 2}
     return result(**{"wait_sync": False, "captured_waits": 0, "table": "ZeroTable", **out, **over})
 
 
@@ -85,6 +90,47 @@ def test_the_schedule_balances_each_kind_and_never_repeats_an_executable():
             for kind in ("uploaded", "never", "own"):
                 at = [p for p, label in enumerate(labels) if label.startswith(kind)]
                 assert sum(at) / len(at) == middle, (copies, kind)
+
+
+def test_the_positive_controls_open_and_close_the_cycle_at_the_mean_position():
+    labels = child.copy_labels(4, control=True)
+    assert labels[0] == "control:0" and labels[-1] == "control:1" and labels[1:-1] == child.copy_labels(4)
+    middle = (len(labels) - 1) / 2
+    for kind in ("uploaded", "never", "own", "control"):
+        at = [p for p, label in enumerate(labels) if label.startswith(kind)]
+        assert sum(at) / len(at) == middle, kind
+    execs = [child.loop_schedule(labels, k) for k in range(3 * len(labels))]
+    assert all(a != b for a, b in zip(execs, execs[1:], strict=False))
+    assert child.copy_labels(0, control=True) == ["own"]
+
+
+def test_the_positive_control_is_read_back_in_the_loop_and_gives_the_runs_sensitivity():
+    """A spin of 2% of the step after two never-uploaded copies: read back at its size in every metric
+    and bs, so the run could have seen #775's cost; the upload (+1% here) is judged."""
+    record = rec(upstream=[looped(i, upload=1.01, spin_ms=0.0204, drift=1e-4) for i in range(3)])
+    ctl = record["summary"]["control_in_loop"]
+    for metric in ("step", "launch"):
+        for bs in ("2", "1"):
+            f = ctl[metric][bs]
+            assert abs(f["ratio"] - 1 - f["added"]) <= f["half"] and 0.015 < f["added"] < 0.025, (metric, bs, f)
+    text = engine_report.render(record)
+    line = next(ln for ln in text.splitlines() if ln.startswith("  positive control"))
+    assert ": recovered; this run names any cost above +0." in line and "bs 2 +2.0" in line
+    step = next(ln for ln in text.splitlines() if ln.startswith("  GPU time per decode step: bs 2 +"))
+    assert step.endswith(verdicts.COSTS), step
+
+
+def test_a_positive_control_not_read_back_leaves_the_upload_unjudged():
+    record = rec(upstream=[looped(i, upload=1.05, spin_ms=0.0204, spin_read=0.3) for i in range(3)])
+    text = engine_report.render(record)
+    assert "NOT recovered, so the upload is not judged" in text
+    assert engine_report.NOT_JUDGED in text and verdicts.COSTS not in text.split("positive control")[0]
+
+
+def test_a_record_without_the_control_is_judged_and_says_it_has_none():
+    text = engine_report.render(rec(upstream=[looped(i, upload=1.02) for i in range(3)]))
+    assert "positive control: not measured (--copies 0, or a record from before the bench ran one)" in text
+    assert verdicts.COSTS in text.split("positive control")[0]
 
 
 def test_pairing_recovers_the_upload_through_drift_and_a_host_mode_switch():
@@ -359,11 +405,11 @@ def test_the_copies_made_are_the_schedules_copies_and_the_engines_graph_is_not_o
     runner = SimpleNamespace(stream=stream, graph_map={2: graph, 1: graph}, resets=[])
     runner._reset_moe_offload_cache = lambda: runner.resets.append(1)
     driver = FakeDriver()
-    made = child.make_copies(runner, 4, None, None, driver)
-    want = [label for label in child.copy_labels(4) if label != "own"]
+    made = child.make_copies(runner, 4, None, None, driver, control=True)
+    want = [label for label in child.copy_labels(4, control=True) if label != "own"]
     assert {bs: sorted(labels) for bs, labels in made.items()} == {2: sorted(want), 1: sorted(want)}
     uploaded = {h for labels in made.values() for label, h in labels.items() if label.startswith("uploaded")}
-    assert set(driver.uploaded) == uploaded and len(uploaded) == 8
+    assert set(driver.uploaded) == uploaded and len(uploaded) == 8  # the controls are never uploaded
     assert sorted(driver.launched) == sorted(h for labels in made.values() for h in labels.values())
     assert runner.resets == [1]
 
@@ -417,3 +463,21 @@ def test_the_decode_loop_launches_every_copy_made_for_each_size():
                                                                   "never:1"]), bs
         assert all(handle == (None if label == "own" else made[bs][label]) for label, handle in steps), steps
     assert child.LoopSchedule({}).next(4) == ("own", None)
+    controlled = child.LoopSchedule(child.make_copies(SimpleNamespace(stream=stream, graph_map={2: graph}), 2, None,
+                                                      None, FakeDriver(), control=True))
+    assert [controlled.next(2)[0] for _ in range(7)] == child.copy_labels(2, control=True)
+
+
+def test_the_markdown_opens_with_775s_table_per_build():
+    """#775's figures, ready to paste: GPU ms a decode step and the median gap per stream, per build and
+    bs, above everything else the report says."""
+    record = rec(upstream=[looped(i) for i in range(2)], **{"pre-697": [looped(i + 2) for i in range(2)]})
+    gaps = {f"s{i}": [0.51, 0.5, 0.52] for i in range(1, 7)}
+    figures = {key: [1.0, 1.0, 1.0] for key in ("graph_kernels", "step_kernels", "busy_us", "streams", "launches")}
+    record["summary"]["arms"]["upstream"]["timeline"] = {"processes": 1, "note": "", "2": {**figures, "gap_us": gaps}}
+    text = engine_report.markdown([record])
+    table = "| build | bs | GPU ms per decode step | median gap between kernels per stream, µs (traced) |"
+    assert text.index(table) < text.index("the upload in the decode loop")
+    step = record["summary"]["arms"]["upstream"]["step_gpu_ms"]["2"]["median"]
+    assert f"| upstream | 2 | {step:.3f} | s1 0.51, s2 0.51, s3 0.51, s4 0.51 (+2 more) |" in text
+    assert "| pre-697 | 1 |" in text and text.count("not traced |") == 3

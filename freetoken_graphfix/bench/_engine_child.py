@@ -171,14 +171,17 @@ class Driver:
         self.cu.cuGraphExecDestroy(self.ct.c_void_p(handle))
 
 
-def copy_labels(copies: int) -> list[str]:
+def copy_labels(copies: int, control: bool = False) -> list[str]:
     """The executables of one graph in the decode loop, in the order of a cycle: the copies in pairs
     laid out uploaded-never, never-uploaded (ABBA), the engine's own graph in the middle, so that with
     an even number of copies the uploaded ones, the never-uploaded ones and the own graph sit at the
-    same mean position (a drift over the cycle lands on each kind alike)."""
+    same mean position (a drift over the cycle lands on each kind alike). With ``control``, the
+    positive control's two executables (never uploaded, a spin after each launch) open and close the
+    cycle: their mean position is the middle too."""
     pairs = [[f"uploaded:{i}", f"never:{i}"][::1 if i % 2 == 0 else -1] for i in range(copies)]
     order = [label for pair in pairs for label in pair]
-    return [*order[:copies], "own", *order[copies:]]
+    labels = [*order[:copies], "own", *order[copies:]]
+    return ["control:0", *labels, "control:1"] if control and copies else labels
 
 
 def loop_schedule(labels: list[str], k: int) -> str:
@@ -196,7 +199,9 @@ class LoopSchedule:
 
     def __init__(self, copies: dict[int, dict[str, int]]) -> None:
         self.copies = copies
-        self.labels = {bs: copy_labels(len(made) // 2) for bs, made in copies.items()}  # as many of each kind
+        self.labels = {bs: copy_labels(sum(label.startswith("never") for label in made),
+                                       any(label.startswith("control") for label in made))
+                       for bs, made in copies.items()}
         self.steps: dict[int, int] = {}  # bs: graph steps after its first launch, so far
 
     def next(self, bs: int) -> tuple[str, int | None]:
@@ -205,9 +210,11 @@ class LoopSchedule:
         return label, self.copies.get(bs, {}).get(label)
 
 
-def make_copies(runner, copies: int, flag, release, driver: Driver) -> dict[int, dict[str, int]]:
+def make_copies(runner, copies: int, flag, release, driver: Driver,
+                control: bool = False) -> dict[int, dict[str, int]]:
     """Per bs, ``copies`` fresh executables of the engine's graph uploaded (``cuGraphUpload`` then a
-    sync, as 0.2.x's ``_upload_graph``) and as many never uploaded, right after the capture. Each is
+    sync, as 0.2.x's ``_upload_graph``) and as many never uploaded (with ``control``, two more never
+    uploaded for the positive control), right after the capture. Each is
     launched once here with its WAIT released just before (the flag back at 0 after it, checked), so
     none can block in the loop; the offload cache is then reset as the capture leaves it
     (``graph.py`` 228). Copies share the graph's memory and differ from its executable only in the
@@ -216,7 +223,7 @@ def make_copies(runner, copies: int, flag, release, driver: Driver) -> dict[int,
     made: dict[int, dict[str, int]] = {}
     for bs, graph in runner.graph_map.items():
         made[bs] = {}
-        for label in (label for label in copy_labels(copies) if label != "own"):
+        for label in (label for label in copy_labels(copies, control) if label != "own"):
             handle = made[bs][label] = driver.instantiate(graph.raw_cuda_graph())
             if label.startswith("uploaded"):
                 driver.upload(handle, stream.cuda_stream)
@@ -272,6 +279,41 @@ def time_replays(runner, stream, flag, reps: int, copies: dict[int, dict[str, in
     copied = {str(bs): {kind: [times[bs, label] for label in labels if label.startswith(kind)]
                         for kind in ("uploaded", "never")} for bs, labels in copies.items()}
     return own, copied
+
+
+def spin_module():
+    """``bench/spin.py``, loaded by path: importing it as part of the package would import the package."""
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    spec = spec_from_file_location("graphfix_spin", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                  "spin.py"))
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def calibrate_control(copies: dict[int, dict[str, int]], stream, flag, release, driver: Driver,
+                      added: float, launches: int = 10) -> dict:
+    """The positive control's spin: ``added`` of the largest graph's GPU time, timed here on its
+    never-uploaded copies in turn (the WAIT released before each launch), then calibrated
+    (``spin.calibrate``); the decode loop launches it right after each control executable."""
+    import torch
+
+    bs = max(copies)
+    never = [h for label, h in copies[bs].items() if label.startswith("never")]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for k in range(launches):
+        if flag is not None:
+            flag.zero_()
+            release(flag)
+        start.record(stream)
+        driver.launch(never[k % len(never)], stream.cuda_stream)
+        end.record(stream)
+        end.synchronize()
+        times.append(1e3 * start.elapsed_time(end))
+    graph_us = sorted(times)[len(times) // 2]
+    return {**spin_module().calibrate(added * graph_us, stream), "graph_us": graph_us, "bs": bs}
 
 
 def carries_series() -> bool:
@@ -351,6 +393,7 @@ def main(spec_path: str) -> None:
     capture = runner_cls._capture_graphs
     driver = Driver()
     copies: dict[int, dict[str, int]] = {}  # bs: label: CUgraphExec, made at the first capture
+    control: dict = {}  # the positive control's spin (calibrate_control), where copies were made
     copy_notes: list[str] = []
 
     def timed_capture(self, *args, **kwargs):
@@ -377,13 +420,16 @@ def main(spec_path: str) -> None:
             model = args[2] if len(args) > 2 else kwargs.get("model")
             flag = wait_flag(getattr(model, "_ple_table", None))
             try:
-                copies.update(make_copies(self, spec["copies"], flag, release, driver))
+                copies.update(make_copies(self, spec["copies"], flag, release, driver, bool(spec.get("control"))))
+                if spec.get("control"):
+                    control.update(calibrate_control(copies, self.stream, flag, release, driver, spec["control"]))
             except Exception as exc:  # the run goes on without copies, and the report says why
                 copy_notes.append(f"no copies of the graphs: {exc!r}")
                 for labels in copies.values():
                     for handle in labels.values():
                         driver.destroy(handle)
                 copies.clear()
+                control.clear()
                 if flag is not None:
                     flag.zero_()  # no surplus release may reach the engine's own first WAIT
         return out
@@ -426,6 +472,8 @@ def main(spec_path: str) -> None:
                     own.replay()
                 else:
                     driver.launch(handle, torch.cuda.current_stream().cuda_stream)
+                    if label.startswith("control"):
+                        torch.cuda._sleep(control["spin_cycles"])  # the control's known extra GPU time
                 finish.record()
 
             runner.graph_map[bs] = StandIn(launch)
@@ -523,7 +571,8 @@ def main(spec_path: str) -> None:
         "graph_gpu_ms": {bs: [ms(s["graph"]) for s in ss] for bs, ss in warm.items()},
         "launch_gpu_ms": {bs: [ms(s["launch"]) for s in ss] for bs, ss in warm.items()},
         "step_exec": {bs: [s["exec"] for s in ss] for bs, ss in warm.items()},
-        "copies_made": {str(bs): len(made) // 2 for bs, made in copies.items()},
+        "copies_made": {str(bs): sum(label.startswith("never") for label in made) for bs, made in copies.items()},
+        "control_spin": control or None,
         "prompt_tokens": {name: len(ids) for name, ids in prompts.items()},
         "tokens": [len(t) for t in token_ids],
         "distinct_tokens": len({t for ids in token_ids for t in ids}),

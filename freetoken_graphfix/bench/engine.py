@@ -45,6 +45,7 @@ from .arms import (
 from .common import Case, environment, non_negative, positive, progress, rotated, seconds
 from .cupti import decode_timeline
 from .engine_stats import summarise
+from .verdicts import CONTROL_ADDED
 from .workload import build, load_tokenizer, read_text
 
 CHILD = Path(__file__).with_name("_engine_child.py")
@@ -145,7 +146,8 @@ def engine_record(case: Case, opts: argparse.Namespace, log_dir: str) -> dict[st
         prompts = build(load_tokenizer(model_dir), opts.context, read_text(opts.prompt_file))
         spec = {"model_dir": model_dir, "ft_args": list(case.target.ft_args), "decode_steps": opts.decode_steps,
                 "prompts": {p.name: p.ids for p in prompts.values()}, "pair": case.target.max_running >= 2,
-                "replays": opts.replays, "copies": opts.copies, "watchdog_s": opts.watchdog,
+                "replays": opts.replays, "copies": opts.copies, "control": CONTROL_ADDED if opts.copies else 0,
+                "watchdog_s": opts.watchdog,
                 "hang_timeout_s": opts.hang_timeout}
         if opts.warmup:  # the patched copy is another path: its JIT kernels may be compiled again
             for arm in ("upstream", *(["patched"] if patched else [])):

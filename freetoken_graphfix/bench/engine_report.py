@@ -14,9 +14,10 @@ from .engine import failures, fmt_ms
 from .engine_stats import CROSS
 from .loop import METRICS as LOOP_METRICS
 from .stats import half_width
-from .verdicts import COSTS, FASTER, judged, worst
+from .verdicts import COSTS, FASTER, judged, recovered, worst
 
 NO_AA = "not judged: no A/A control in this run ({})"
+NOT_JUDGED = "not judged: the positive control was not recovered"
 IDLE_ONLY = "from idle only; in the decode loop: {}"
 LAUNCH_PATH = "the engine's own launch path against the copies' (never uploaded either): not the upload"
 AS_CONTROL = "as {}'s own graph, never uploaded: the engine's own launch path, not the upload"
@@ -109,8 +110,35 @@ def own_graph_verdicts(summary: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return out
 
 
+def control_lines(summary: dict[str, Any]) -> tuple[list[str], dict[tuple[str, str], bool] | None]:
+    """The positive control in the decode loop (a spin of known GPU time after a never-uploaded copy's
+    launch, in the same cycle): what it added and read per metric and bs, and per (metric, bs) whether
+    it was read back (``verdicts.recovered``); ``None`` where none ran (``--copies 0``, or a record
+    from before)."""
+    ctl = summary.get("control_in_loop") or {}
+    if not ctl:
+        return ["  positive control: not measured (--copies 0, or a record from before the bench ran one)"], None
+    seen, got = {}, []
+    for metric, _, what in LOOP_METRICS:
+        parts = []
+        for bs, f in ctl.get(metric, {}).items():
+            seen[metric, bs] = recovered(f["ratio"], f["half"], f["added"])
+            parts.append(f"bs {bs} {100 * f['added']:+.2f}% added, read {pct(f['ratio'], f['half'])}"
+                         + ("" if seen[metric, bs] else " (not recovered)"))
+        if parts:
+            got.append(f"{what} {', '.join(parts)}")
+    head = "  positive control (a spin of known GPU time after two more never-uploaded copies, in the same cycle): "
+    if not any(seen.values()):
+        return [f"{head}{'; '.join(got)}: NOT recovered, so the upload is not judged"], seen
+    widest = max(f["half"] for (metric, bs), ok in seen.items() if ok
+                 for f in [summary["upload_in_loop"].get(metric, {}).get(bs, {"half": math.nan})])
+    tail = "recovered" if all(seen.values()) else "recovered but where marked; the upload is judged only where it was"
+    return [f"{head}{'; '.join(got)}: {tail}; this run names any cost above +{100 * widest:.2f}%"], seen
+
+
 def in_loop_lines(summary: dict[str, Any]) -> list[str]:
-    """The headline: the upload inside one process's decode loop, then each arm's own graph there."""
+    """The headline: the upload inside one process's decode loop, each figure judged only where the
+    positive control at that metric and bs was read back, then each arm's own graph there."""
     up = summary["upload_in_loop"]
     if not up:
         return ["the upload in the decode loop, same graph, same process: not measured (--copies 0, or a record "
@@ -119,10 +147,16 @@ def in_loop_lines(summary: dict[str, Any]) -> list[str]:
     lines = [f"the upload in the decode loop, same graph, same process ({first['copies']} uploaded and as many "
              f"never-uploaded copies of each engine graph, launched in turn with it step by step, {first['processes']} "
              "processes; ± the 95% interval over steps, copies and processes):"]
+    controls, seen = control_lines(summary)
     for metric, _, what in LOOP_METRICS:
         parts, verdicts = loop_parts(up, metric)
+        if seen is not None:  # a figure whose control was not read back is shown, not judged
+            blind = [not seen.get((metric, bs)) for bs in up.get(metric, {})]
+            parts = [p + (" (not judged)" if b else "") for p, b in zip(parts, blind, strict=True)]
+            verdicts = [v for v, b in zip(verdicts, blind, strict=True) if not b]
         if parts:
-            lines.append(f"  {what}: {', '.join(parts)}: {worst(verdicts)}")
+            lines.append(f"  {what}: {', '.join(parts)}: {worst(verdicts) if verdicts else NOT_JUDGED}")
+    lines += controls
     for arm, (parts, verdict) in own_graph_verdicts(summary).items():
         what = "uploaded at capture" if arm in UPLOADED_AT_CAPTURE else "not uploaded at capture: a control"
         lines.append(f"  {arm}'s own graph ({what}) over its never-uploaded copies: {parts}: {verdict}")
@@ -390,10 +424,26 @@ def render(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def table_775(summary: dict[str, Any]) -> list[str]:
+    """#775's own table, to paste into the issue: per build and bs, GPU ms per decode step and the
+    median inter-kernel gap on each stream of the decode graph (the first four, from the traced
+    processes; "not traced" where none ran)."""
+    out = ["| build | bs | GPU ms per decode step | median gap between kernels per stream, µs (traced) |",
+           "|---|---|---|---|"]
+    for arm, s in summary["arms"].items():
+        for bs, q in s["step_gpu_ms"].items():
+            gaps = s["timeline"].get(bs, {}).get("gap_us", {})
+            shown = ", ".join(f"{name} {g[0]:.2f}" for name, g in list(gaps.items())[:4] if g)
+            more = f" (+{len(gaps) - 4} more)" if len(gaps) > 4 else ""
+            out.append(f"| {arm} | {bs} | {q.get('median', math.nan):.3f} | {shown + more or 'not traced'} |")
+    return out
+
+
 def markdown(records: list[dict[str, Any]]) -> str:
-    """The report in #775's shape, one section per model: the environment and command, the upload in
-    the decode loop, "GPU ms per decode step | tok/s" per build, the kernel-timeline bullets, then
-    the cross-process verdicts, the diagnostics and the safety line."""
+    """The report in #775's shape, one section per model: the environment and command, #775's own
+    table (ms a step and the gap per stream, per build), the upload in the decode loop, "GPU ms per
+    decode step | tok/s" per build, the kernel-timeline bullets, then the cross-process verdicts, the
+    diagnostics and the safety line."""
     out = []
     for record in records:
         env, summary = record["env"], record["summary"]
@@ -405,7 +455,7 @@ def markdown(records: list[dict[str, Any]]) -> str:
                     ("workload", f"{record['context']}-token context, greedy, {record['decode_steps']} decode steps, "
                                  f"bs 2 then bs 1, {record['rounds']} rounds"),
                     ("date", env["date"]), ("command", f"`{record['command']}`"))),
-                "", f"Case: {case_line(record)}.", ""]
+                "", *table_775(summary), "", f"Case: {case_line(record)}.", ""]
         out += [f"**{line.strip()}**" if i == 0 else f"- {line.strip()}"
                 for i, line in enumerate(in_loop_lines(summary))]
         out += ["", "| build | bs | GPU ms per decode step | tok/s | vs never uploaded, within host modes (95%) | "

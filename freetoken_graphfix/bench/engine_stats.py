@@ -255,4 +255,5 @@ def summarise(runs: dict[str, list[dict[str, Any]]], traced: dict[str, list[dict
         aa["figures"] = {name: {bs: cross(rows[b], rows[a], name, bs) for bs in sizes} for name, _, _ in CROSS}
     good_runs = [r for rs in runs.values() for r in rs if "error" not in r]
     return {"arms": arms, "base": base, "reference": reference, "host_modes": bounds, "aa": aa,
-            "upload_in_loop": loop.in_loop(good_runs, "upload"), "upload_idle": idle_upload(runs)}
+            "upload_in_loop": loop.in_loop(good_runs, "upload"), "control_in_loop": loop.in_loop(good_runs, "control"),
+            "upload_idle": idle_upload(runs)}

@@ -46,10 +46,12 @@ def executable_means(times: list[float], labels: list[str]) -> tuple[dict[str, f
 
 
 def process_effect(r: dict[str, Any], key: str, bs: str) -> dict[str, Any] | None:
-    """One process's figures at ``bs``: uploaded copies over never-uploaded ones (``upload``) and its
-    own graph over the never-uploaded copies (``own``), as log-ratios, with the squared deviations of
-    the copies from their kind's mean and their degrees of freedom (the spread their band comes
-    from). ``None`` where the process ran no copies in the loop (an older record, ``--copies 0``)."""
+    """One process's figures at ``bs``: uploaded copies over never-uploaded ones (``upload``), its own
+    graph over the never-uploaded copies (``own``) and, where it ran one, the positive control over them
+    (``control``, with the fraction its spin ``added`` to a never-uploaded launch), as log-ratios, with
+    the squared deviations of the copies from their kind's mean and their degrees of freedom (the spread
+    their band comes from). ``None`` where the process ran no copies in the loop (an older record,
+    ``--copies 0``)."""
     labels, times = r.get("step_exec", {}).get(bs), r.get(key, {}).get(bs)
     if not labels or not times or len(labels) != len(times):
         return None
@@ -59,24 +61,34 @@ def process_effect(r: dict[str, Any], key: str, bs: str) -> dict[str, Any] | Non
     if not up or not never or "own" not in means:
         return None
     ss = sum((v - statistics.fmean(g)) ** 2 for g in (up, never) for v in g)
-    return {"upload": statistics.fmean(up) - statistics.fmean(never), "own": means["own"] - statistics.fmean(never),
-            "ss": ss, "df": len(up) + len(never) - 2, "uploaded": len(up), "never": len(never), "cycles": cycles}
+    effect = {"upload": statistics.fmean(up) - statistics.fmean(never), "own": means["own"] - statistics.fmean(never),
+              "ss": ss, "df": len(up) + len(never) - 2, "uploaded": len(up), "never": len(never), "cycles": cycles}
+    control = [v for label, v in means.items() if label.startswith("control")]
+    spin = r.get("control_spin") or {}
+    if control and "spin_us" in spin:
+        never_ms = statistics.median(t for label, t in zip(labels, times, strict=True) if label.startswith("never"))
+        effect.update(control=statistics.fmean(control) - statistics.fmean(never), controls=len(control),
+                      added=spin["spin_us"] / 1e3 / never_ms)
+    return effect
 
 
 def combine(effects: list[dict[str, Any]], which: str) -> dict[str, Any] | None:
-    """``which`` (``upload`` or ``own``) over processes: the ratio (geometric mean over processes), its
+    """``which`` (``upload``, ``own`` or ``control``) over processes: the ratio (geometric mean over processes), its
     relative standard error from the copies' spread pooled over every process (steps and placement),
     the standard error over processes, and the 95% half-width the verdict uses: the widest of the
     pooled interval, the interval over processes (from three on: from two, Student's t of 12.7 would
     swamp any figure) and the farthest any process's own figure lies from the mean, so the interval
     always covers each process. ``None`` without a process."""
+    if which == "control":
+        effects = [e for e in effects if "control" in e]
     if not effects:
         return None
     n = len(effects)
     logs = [e[which] for e in effects]
     df = sum(e["df"] for e in effects)
     spread2 = sum(e["ss"] for e in effects) / df if df else math.nan
-    per = [(1 / e["uploaded"] if which == "upload" else 1.0) + 1 / e["never"] for e in effects]
+    kind = {"upload": "uploaded", "control": "controls"}.get(which)  # the "own" graph is one executable
+    per = [(1 / e[kind] if kind else 1.0) + 1 / e["never"] for e in effects]
     se = math.sqrt(spread2 * sum(per)) / n if df else math.nan
     se_processes = statistics.stdev(logs) / math.sqrt(n) if n > 1 else math.nan
     mean = statistics.fmean(logs)
@@ -85,7 +97,8 @@ def combine(effects: list[dict[str, Any]], which: str) -> dict[str, Any] | None:
     return {"ratio": math.exp(mean), "se": se, "df": df, "se_processes": se_processes,
             "half": max(halves) if halves else math.nan, "processes": n,
             "per_process": [math.exp(x) for x in logs], "copies": min(e["never"] for e in effects),
-            "cycles": sum(e["cycles"] for e in effects)}
+            "cycles": sum(e["cycles"] for e in effects),
+            **({"added": statistics.fmean(e["added"] for e in effects)} if which == "control" else {})}
 
 
 def sizes(runs: list[dict[str, Any]]) -> list[str]:

@@ -11,6 +11,7 @@ import statistics
 import time
 from typing import Any
 
+from . import spin
 from .common import OK, environment, progress, rotated
 from .cupti import gaps_from_child, profile_gaps
 from .stats import CONTROL, summary
@@ -65,8 +66,8 @@ def build_arms(opts: argparse.Namespace, control: bool = False
         capture(arm, arm)
     calibration = None
     if control and "skip" in opts.strategies:
-        step_us = statistics.median(replay_times(rig, runners, ("skip", 0), bs_list))
-        calibration = calibrate_spin(CONTROL_ADDED * step_us, rig.stream)
+        step_us = statistics.median(replay_times(rig, runners, [("skip", i) for i in range(opts.instances)], bs_list))
+        calibration = spin.calibrate(CONTROL_ADDED * step_us, rig.stream)
         rig.model.spin_cycles = calibration["spin_cycles"]
         capture(CONTROL, "skip")  # never uploaded, exactly as skip's graphs, plus the spin
         rig.model.spin_cycles = 0
@@ -78,48 +79,26 @@ def build_arms(opts: argparse.Namespace, control: bool = False
     return rig, runners, arms, calibration
 
 
-def replay_times(rig: Any, runners: dict[tuple[str, int], Any], key: tuple[str, int], bs_list: tuple[int, ...],
-                 reps: int = 30) -> list[float]:
-    """GPU µs of ``reps`` replays of one runner's graphs (every bs), after a few untimed ones."""
+def replay_times(rig: Any, runners: dict[tuple[str, int], Any], keys: list[tuple[str, int]],
+                 bs_list: tuple[int, ...], reps: int = 10) -> list[float]:
+    """GPU µs of ``reps`` rounds of replays of the runners ``keys`` name, round-robin as the timed
+    schedule runs them (one graph replayed back to back runs faster), after one untimed round."""
     import torch
 
     launch = launcher(rig, runners)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     with torch.cuda.stream(rig.stream):
-        for rep in range(reps + 3):
-            for bs in bs_list:
-                start.record(rig.stream)
-                launch(*key, bs)
-                end.record(rig.stream)
-                end.synchronize()
-                if rep >= 3:
-                    times.append(1e3 * start.elapsed_time(end))
+        for rep in range(reps + 1):
+            for key in keys:
+                for bs in bs_list:
+                    start.record(rig.stream)
+                    launch(*key, bs)
+                    end.record(rig.stream)
+                    end.synchronize()
+                    if rep:
+                        times.append(1e3 * start.elapsed_time(end))
     return times
-
-
-def calibrate_spin(target_us: float, stream: Any, spins: int = 50) -> dict[str, Any]:
-    """The spin (``torch.cuda._sleep``, a kernel that counts GPU clocks) that takes ``target_us`` on
-    this GPU now, and its own measured GPU time: ``spins`` of it back to back behind a long one, so
-    the GPU never waits on the host between them."""
-    import torch
-
-    def per_spin_us(cycles: int) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(stream):
-            torch.cuda._sleep(20 * cycles)  # a queue ahead: the timed spins start back to back
-            start.record(stream)
-            for _ in range(spins):
-                torch.cuda._sleep(cycles)
-            end.record(stream)
-        end.synchronize()
-        return 1e3 * start.elapsed_time(end) / spins
-
-    probe = 100_000
-    cycles = max(1, round(target_us * probe / per_spin_us(probe)))
-    measured = sorted(per_spin_us(cycles) for _ in range(5))
-    return {"spin_cycles": cycles, "spin_us": measured[2], "spin_us_range": [measured[0], measured[-1]],
-            "target_us": target_us}
 
 
 def launcher(rig: Any, runners: dict[tuple[str, int], Any]) -> Any:
