@@ -10,7 +10,7 @@ import shlex
 import sys
 import tempfile
 
-from . import engine, model, serve
+from . import engine, model, nsys, serve
 from .common import (
     ERR,
     OK,
@@ -75,6 +75,10 @@ def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.Argumen
     out.add_argument("--from-json", metavar="PATH",
                      help="judge a record a bench --json wrote again, by this version's rules, and print it (with "
                           "--markdown, --plot, --json), instead of running anything")
+    out.add_argument("--from-nsys", metavar="CSV", nargs="+",
+                     help="#775's table (ms a decode step, median gap per stream) from Nsight Systems' "
+                          "`nsys stats --report cuda_gpu_trace --format csv` of runs profiled with "
+                          "--cuda-graph-trace=node, one row per file, instead of running anything")
     out.add_argument("--logs", metavar="DIR", help="--engine/--serve: keep each process's log here (default: a "
                                                     "new temporary directory)")
     models = ap.add_argument_group(
@@ -178,7 +182,7 @@ def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
 
 def what_runs(opts: argparse.Namespace) -> str:
     """The benchmark these options select, by the name its options are documented under."""
-    for flag in ("from_json", "startup", "write_model", "engine", "serve", "deadlock"):
+    for flag in ("from_json", "from_nsys", "startup", "write_model", "engine", "serve", "deadlock"):
         if getattr(opts, flag) not in (None, False):
             return "--" + flag.replace("_", "-")
     return "the rig"
@@ -233,6 +237,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
         if ft_args:
             ap.error("FreeToken options after -- are for --engine and --serve")
         return from_json(opts, prog)
+    if opts.from_nsys is not None:
+        if ft_args:
+            ap.error("FreeToken options after -- are for --engine and --serve")
+        if opts.json is not None:
+            ap.error("--json is not written by --from-nsys: it prints #775's table, a markdown table")
+        try:
+            print(nsys.table(opts.from_nsys))
+        except ValueError as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return ERR
+        return OK
     if opts.startup:
         record, text = startup(opts.startup_runs)
         print(text)
