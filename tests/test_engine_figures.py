@@ -481,3 +481,4 @@ def test_the_markdown_opens_with_775s_table_per_build():
     step = record["summary"]["arms"]["upstream"]["step_gpu_ms"]["2"]["median"]
     assert f"| upstream | 2 | {step:.3f} | s1 0.51, s2 0.51, s3 0.51, s4 0.51 (+2 more) |" in text
     assert "| pre-697 | 1 |" in text and text.count("not traced |") == 3
+    assert text.rstrip().endswith('the README\'s section "Checking #775 where it was reported"._')

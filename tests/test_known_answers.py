@@ -73,7 +73,8 @@ def test_a_record_written_before_the_control_is_judged_and_says_it_lacks_one():
     table = stats.rows(record)
     assert stats.control_line(table).startswith("positive control: not measured (it needs the skip strategy")
     assert "COSTS" in stats.verdict(table)
-    assert "positive control: not measured" in report.markdown(record)
+    text = report.markdown(record)
+    assert "positive control: not measured" in text and "Checking #775 where it was reported" in text
 
 
 def test_the_aa_floor_widens_the_interval_when_identical_arms_came_apart():

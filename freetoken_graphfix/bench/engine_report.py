@@ -14,7 +14,7 @@ from .engine import failures, fmt_ms
 from .engine_stats import CROSS
 from .loop import METRICS as LOOP_METRICS
 from .stats import half_width
-from .verdicts import COSTS, FASTER, judged, recovered, worst
+from .verdicts import COSTS, FASTER, REPORTERS_CHECK, judged, recovered, worst
 
 NO_AA = "not judged: no A/A control in this run ({})"
 NOT_JUDGED = "not judged: the positive control was not recovered"
@@ -477,5 +477,5 @@ def markdown(records: list[dict[str, Any]]) -> str:
         out += [f"- {line}" for line in host_bound(summary)]
         out += [f"- **{line}**" for line in (*aa_lines(record), *cross_lines)]
         out += [f"- {line.strip()}" for line in diagnostic_lines(record, loop_by)]
-        out += [f"- {line}" for line in safety_lines(record)] + [""]
+        out += [f"- {line}" for line in safety_lines(record)] + ["", f"_{REPORTERS_CHECK}._", ""]
     return "\n".join(out)

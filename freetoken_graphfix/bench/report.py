@@ -6,6 +6,7 @@ import statistics
 from typing import Any
 
 from .stats import control_line, judging_width, mode_notes, rows, supported, verdict
+from .verdicts import REPORTERS_CHECK
 
 SHOWN_STREAMS = 4
 
@@ -82,7 +83,7 @@ def markdown(record: dict[str, Any]) -> str:
            "| strategy | bs | ms per step (median) | vs never uploaded (skip) |", "|---|---|---|---|",
            *(f"| {r['arm']} | {r['bs']} | {r['median'] / 1e3:.4f} | {_ratio(r)} |" for r in table), ""]
     out += [f"- {note}" for note in mode_notes(table)]
-    out += [f"- {control_line(table)}", "", f"**{verdict(table)}**", ""]
+    out += [f"- {control_line(table)}", "", f"**{verdict(table)}**", "", f"_{REPORTERS_CHECK}._", ""]
     return "\n".join(out)
 
 
