@@ -345,6 +345,25 @@ MUTANTS = {  # each line of the first-launch fill, undone in the patched sources
         "models/qwen4_exp/ple_disk.py",
         "if self._worker is not None and (torch.version.hip is not None or self._pending is not None):",
         "if self._worker is not None:"),
+    "one size's first launch clears every size's": ("models/qwen4_exp/ple_disk.py",
+                                                    "self._unlaunched_bs.discard(batch.padded_size)",
+                                                    "self._unlaunched_bs.clear()"),
+    "the consumed event recorded before the fill is joined": (
+        "models/qwen4_exp/ple_disk.py",
+        "                try:\n                    self._await_pending()\n                finally:\n"
+        "                    # The worker must finish before recording the event it waits on at the next fill.\n"
+        "                    if use_graph:\n"
+        "                        self._graph_consumed.record(torch.cuda.current_stream(self._device))",
+        "                try:\n                    if use_graph:\n"
+        "                        self._graph_consumed.record(torch.cuda.current_stream(self._device))\n"
+        "                finally:\n                    self._await_pending()"),
+    "HIP's failure policy left to a pending fill": (
+        "models/qwen4_exp/ple_disk.py", "(torch.version.hip is not None or self._pending is not None)",
+        "(self._pending is not None)"),
+    "a failed first-launch fill leaves the table usable": (
+        "models/qwen4_exp/ple_disk.py",
+        "it raises, the table stays.\n                self._failed = True",
+        "it raises, the table stays.\n                pass"),
     "a failed table dispatches again": ("models/qwen4_exp/ple_disk.py",
                                         "        if self._worker is not None:\n            self._await_pending()",
                                         "        if torch.version.hip is not None:\n            self._await_pending()"),
