@@ -140,23 +140,35 @@ def test_write_model_is_all_or_nothing(tmp_path, capsys):
     (["--model", "{llama}", "--context", "131000", "--", "--dummy-weight"],
      "--context 131000 + --decode-steps 200 = 131200 tokens: the model holds at most 131072"),
     (["--prompt-file", "/nonexistent.txt"], "--prompt-file '/nonexistent.txt': cannot be read as UTF-8 text"),
+    (["--model", "{llama}", "--context", "8", "--", "--dummy-weight"],
+     "--context 8: too short for the copy instruction; accepted values are"),
+    (["--context", "8"], "--context 8: too short for the copy instruction; accepted values are"),
+    (["--model", "{notok}", "--", "--dummy-weight"], "FreeToken cannot load its tokenizer ("),
 ])
 def test_bad_model_input_is_one_line_naming_it(models, tmp_path, capsys, monkeypatch, args, message):
+    import tempfile
+
     monkeypatch.setattr(cli, "cuda_missing", lambda: None)  # FreeToken's parser runs only where a GPU is
     (tmp_path / "file").write_text("")
     (tmp_path / "empty").mkdir()
-    args = [a.format(file=tmp_path / "file", empty=tmp_path / "empty", llama=models / "llama") for a in args]
+    (tmp_path / "notok").mkdir()  # a config and no tokenizer
+    (tmp_path / "notok" / "config.json").write_text((models / "llama" / "config.json").read_text())
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    args = [a.format(file=tmp_path / "file", empty=tmp_path / "empty", llama=models / "llama",
+                     notok=tmp_path / "notok") for a in args]
     for mode in ("--engine", "--serve"):
         assert cli.main([mode, *args]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0] and err[0].startswith("python -m freetoken_graphfix bench: error:")
+    assert list((tmp_path / "tmp").iterdir()) == []  # nothing started, nothing left behind
 
 
 @pytest.mark.parametrize("args, message", [
     (["--engine", "--context", "0"], "argument --context: '0': accepted values are whole numbers of 1 or more"),
     (["--engine", "--experts", "fp8"], "argument --experts: invalid choice: 'fp8' (choose from 'bf16', 'nvfp4')"),
-    (["--model", "x"], "--model runs with --engine or --serve"),
-    (["--model", ""], "--model runs with --engine or --serve"),
+    (["--model", "x"], "--model is read by --engine, --serve, not by the rig"),
+    (["--model", ""], "--model is read by --engine, --serve, not by the rig"),
     (["--json", "/nonexistent/dir/x.json", "--startup"], "--json '/nonexistent/dir/x.json': cannot be written"),
     (["--engine", "--watchdog", "nan"], "argument --watchdog: 'nan': accepted values are seconds above 0"),
     (["--engine", "--hang-timeout", "-5"], "argument --hang-timeout: '-5': accepted values are seconds above 0"),

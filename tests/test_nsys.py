@@ -67,4 +67,5 @@ def test_a_missing_file_is_named(tmp_path, capsys):
 def test_json_is_refused_with_from_nsys(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["--from-nsys", trace(tmp_path), "--json", str(tmp_path / "o.json")])
-    assert "--json is not written by --from-nsys" in capsys.readouterr().err
+    assert capsys.readouterr().err.endswith("error: --json is written by the rig, --engine, --serve, --startup, "
+                                            "--deadlock, --from-json, not by --from-nsys\n")

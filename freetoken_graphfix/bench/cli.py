@@ -5,6 +5,7 @@ launch blocks: a decode-like graph in a rig, FreeToken's real engine (``--engine
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shlex
 import sys
@@ -24,6 +25,7 @@ from .common import (
     write_outputs,
 )
 from .deadlock import deadlock_matrix, probe
+from .modes import misplaced, what_runs
 from .replay import STRATEGIES, gaps_child, run_arms
 from .report import markdown, plot, render
 from .startup import startup
@@ -164,13 +166,18 @@ def cuda_missing() -> str | None:
 def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     """Resolve ``--model`` (through FreeToken's own parser) and the workload; why not, in one line."""
     from .target import TargetError, from_model, parse_freetoken_args, synthetic_args
-    from .workload import check
+    from .workload import build, check, read_text, tokenizer_of
 
     try:
+        text = read_text(opts.prompt_file)
         if opts.model is None:  # FreeToken's own parser over the synthetic model's options and the user's
             with tempfile.TemporaryDirectory() as folder:
                 model.write_synthetic_config(folder, model.MIN_LAYERS, opts.experts)
                 parse_freetoken_args(folder, [*synthetic_args(0, 0), *ft_args])
+                model.write_tokenizer(folder)
+                build(tokenizer_of(folder), opts.context, text)  # the prompts fit (built again per case)
+        else:
+            build(tokenizer_of(opts.model), opts.context, text)
         opts.target = from_model(opts.model, ft_args) if opts.model is not None else None
         check(opts.context, opts.decode_steps, opts.target.max_positions if opts.target else None)
     except (TargetError, ValueError) as exc:
@@ -180,24 +187,11 @@ def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     return None
 
 
-def what_runs(opts: argparse.Namespace) -> str:
-    """The benchmark these options select, by the name its options are documented under."""
-    for flag in ("from_json", "from_nsys", "startup", "write_model", "engine", "serve", "deadlock"):
-        if getattr(opts, flag) not in (None, False):
-            return "--" + flag.replace("_", "-")
-    return "the rig"
-
-
-REPORTERS = ("the rig", "--engine", "--from-json")  # what writes --markdown and --plot
-
-
-def misplaced_report(opts: argparse.Namespace) -> str | None:
-    """``--markdown`` or ``--plot`` where nothing would write it: refused, not silently ignored."""
-    mode = what_runs(opts)
-    for option in ("markdown", "plot"):
-        if getattr(opts, option) is not None and mode not in REPORTERS:
-            return f"--{option} is written by {', '.join(REPORTERS)}, not by {mode}"
-    return None
+def plot_missing(opts: argparse.Namespace) -> str | None:
+    """``--plot`` where matplotlib is not installed: refused before a run of minutes, not after it."""
+    if opts.plot is None or importlib.util.find_spec("matplotlib") is not None:
+        return None
+    return f"--plot needs matplotlib, which is not installed here (pip install {INSTALL_HINT['matplotlib']})"
 
 
 def from_json(opts: argparse.Namespace, prog: str) -> int:
@@ -230,7 +224,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
             check_writable(getattr(opts, option), f"--{option}")
     except ValueError as exc:
         ap.error(str(exc))
-    why = misplaced_report(opts)
+    why = misplaced(opts, ap) or plot_missing(opts)
     if why:
         ap.error(why)
     if opts.from_json is not None:
@@ -240,8 +234,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
     if opts.from_nsys is not None:
         if ft_args:
             ap.error("FreeToken options after -- are for --engine and --serve")
-        if opts.json is not None:
-            ap.error("--json is not written by --from-nsys: it prints #775's table, a markdown table")
         try:
             print(nsys.table(opts.from_nsys))
         except ValueError as exc:
@@ -252,8 +244,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
         record, text = startup(opts.startup_runs)
         print(text)
         return OK if write_outputs(opts, record) else ERR
-    if opts.model is not None and not (opts.engine or opts.serve):
-        ap.error("--model runs with --engine or --serve")
     if ft_args and not (opts.engine or opts.serve):
         ap.error("FreeToken options after -- are for --engine and --serve")
     try:

@@ -10,13 +10,11 @@ from typing import Any
 def plot(records: list[dict[str, Any]], path: str) -> str:
     """One PNG for ``records`` (the first model's when there are several: one figure, one model); a
     line saying what was written, or why nothing was."""
-    try:
-        import matplotlib
+    import matplotlib  # present: bench refuses --plot up front without it (cli.plot_missing)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "--plot skipped: matplotlib is not installed (pip install 'freetoken-graphfix[plot]')"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     record = records[0]
     arms = record["summary"]["arms"]
     colours = {arm: f"C{i}" for i, arm in enumerate(arms)}

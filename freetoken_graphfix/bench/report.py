@@ -88,13 +88,11 @@ def markdown(record: dict[str, Any]) -> str:
 
 
 def plot(record: dict[str, Any], path: str) -> str:
-    try:
-        import matplotlib
+    import matplotlib  # present: bench refuses --plot up front without it (cli.plot_missing)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "--plot skipped: matplotlib is not installed"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     arms = {a: [g for v in r["gaps_us"].values() for g in v] for a, r in record["arms"].items() if r["gaps_us"]}
     if not arms:
         return "--plot skipped: no CUPTI gaps were recorded"

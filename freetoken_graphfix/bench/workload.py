@@ -50,6 +50,17 @@ def load_tokenizer(model_dir: str) -> Any:
     return freetoken_tokenizer(model_dir)
 
 
+def tokenizer_of(model_dir: str) -> Any:
+    """``load_tokenizer``, its failure (no tokenizer files, a broken one) as a ``ValueError`` in one
+    line naming the directory, before any engine starts."""
+    try:
+        return load_tokenizer(model_dir)
+    except Exception as exc:  # transformers raises OSError, ValueError, KeyError... by what is missing
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(f"--model {model_dir!r}: FreeToken cannot load its tokenizer ({type(exc).__name__}: "
+                         f"{first}); accepted values are a model directory with its tokenizer") from None
+
+
 def build(tokenizer: Any, context: int, text: str) -> dict[str, Prompt]:
     """The three requests, each exactly ``context`` tokens: the instruction, ``text`` from its own
     starting point (repeated as often as needed), the cue. Raises ``ValueError`` when ``context``
