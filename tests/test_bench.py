@@ -237,3 +237,15 @@ def test_progress_stays_out_of_a_log(monkeypatch, capsys):
     monkeypatch.setattr(common.sys.stderr, "isatty", lambda: False, raising=False)
     assert list(common.progress(items, len(items), "replays")) == items
     assert "\r" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bands, word", [
+    ([(1.0, 0.5, 2.0), (1.3, 0.9, 4.9)], "met (every interval within it)"),
+    ([(1.3, 0.2, 6.1)], "cannot tell (an interval straddles it: run with more --startup-runs)"),  # the probe's
+    ([(1.0, 0.5, 2.0), (6.5, 5.2, 8.0)], "NOT met (an interval lies wholly above it)"),
+    ([(1.0, float("nan"), float("nan"))], "not judged: 5 runs are too few for a 95% interval (it needs 8 or more)"),
+])
+def test_the_startup_target_is_judged_on_the_whole_interval(bands, word):
+    from freetoken_graphfix.bench import startup
+
+    assert startup.TARGET_MS == 5 and startup.startup_verdict(bands, 5) == word
