@@ -18,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,11 +86,17 @@ def supervise(argv: Sequence[str], env: dict[str, str]) -> int:
     ``sigwaitinfo``, which tells who sent each one: one the kernel sent (the terminal's Ctrl-C or
     Ctrl-\, a hangup) went to the terminal's whole foreground process group, so a child in ours has
     it already; one a process sent (``kill``, a supervisor) reached the wrapper alone. Signals that
-    arrive before the child exists wait, pending, and reach it once it does."""
+    arrive before the child exists wait, pending, and reach it once it does.
+
+    Where the wrapper is not a terminal's foreground job (CI, ``timeout``, systemd, supervisord), the
+    child gets a process group of its own: a stop signal sent to the wrapper, to the wrapper's group
+    (``kill -- -PGID``, ``tini -g``) or to both (GNU ``timeout``: the command, then its own group)
+    reaches the wrapper alone and goes on once. At a terminal the child stays in the foreground group,
+    so it can read the terminal and Ctrl-C reaches it from the terminal."""
     signals = set(FORWARDED)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
-        child = _start(argv, env, before)
+        child = _start(argv, env, before, own_group=not foreground_at_a_terminal())
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         raise
@@ -105,6 +112,8 @@ def supervise(argv: Sequence[str], env: dict[str, str]) -> int:
 
 
 SI_KERNEL = 0x80  # si_code of a signal the kernel sent, a terminal's among them (Linux asm-generic/siginfo.h)
+SI_USER = 0  # si_code of one a process sent with kill()
+REPEAT_S = 0.2  # the same stop signal from the same process this soon again: one request sent twice
 PR_SET_PDEATHSIG = 1  # prctl option (Linux linux/prctl.h): a signal for the child when its parent dies
 
 
@@ -113,7 +122,8 @@ class _Relay:
 
     def __init__(self, child: subprocess.Popen, name: str, signals: set[int]) -> None:
         self.child, self.name, self.signals = child, name, signals
-        self.received: list[int] = []  # stop signals so far
+        self.received: list[int] = []  # stop requests so far
+        self.last: tuple[int, int, float] | None = None  # the last stop signal: (signal, sender, when)
         self.done = False
         self.thread = threading.Thread(target=self._run, name="freetoken-graphfix-signals", daemon=True)
         self.thread.start()
@@ -123,10 +133,16 @@ class _Relay:
             info = signal.sigwaitinfo(self.signals)
             if self.done:
                 return
-            self.handle(info.si_signo, info.si_code)
+            self.handle(info.si_signo, info.si_code, info.si_pid)
 
-    def handle(self, signum: int, code: int) -> None:
+    def handle(self, signum: int, code: int, sender: int = 0, now: float | None = None) -> None:
         if signum in STOPPING:
+            now = time.monotonic() if now is None else now
+            repeated = (code == SI_USER and sender and self.last is not None and self.last[:2] == (signum, sender)
+                        and now - self.last[2] < REPEAT_S)
+            self.last = (signum, sender, now)
+            if repeated:  # GNU timeout signals the command, then its own group: one request, delivered twice
+                return
             self.received.append(signum)
             if len(self.received) > 1:  # a second stop signal: the user asks for it to stop now
                 print(f"freetoken_graphfix: {signal.Signals(signum).name} again: killing {self.name} "
@@ -153,14 +169,30 @@ class _Relay:
         self.thread.join(timeout=5)
 
 
-def _start(argv: Sequence[str], env: dict[str, str], mask: set[int]) -> subprocess.Popen:
+def foreground_at_a_terminal() -> bool:
+    """Whether the wrapper's process group is its controlling terminal's foreground group."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False  # no controlling terminal
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _start(argv: Sequence[str], env: dict[str, str], mask: set[int], own_group: bool = False) -> subprocess.Popen:
     """The child, or the reason it could not be executed, as a shell says it. The child gets the
-    signal mask the wrapper had, and (Linux) a SIGTERM if the wrapper dies without passing one on,
-    SIGKILL included: it is never left running alone."""
+    signal mask the wrapper had, a process group of its own with ``own_group``, and (Linux) a SIGTERM
+    if the wrapper dies without passing one on, SIGKILL included: it is never left running alone."""
     parent = os.getpid()
     prctl = _prctl()
 
     def in_child() -> None:
+        if own_group:
+            os.setpgid(0, 0)  # first: from here on a signal to the wrapper's group passes it by
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -212,7 +212,8 @@ def test_a_signal_before_the_child_exists_reaches_it(tmp_path):
 
     (tmp_path / "trapper.py").write_text(TRAPPER)
     code = ("import os, signal, sys\nfrom freetoken_graphfix import run\nreal = run._start\n"
-            "def early(argv, env, mask):\n    os.kill(os.getpid(), signal.SIGTERM)\n    return real(argv, env, mask)\n"
+            "def early(argv, env, mask, **kw):\n    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return real(argv, env, mask, **kw)\n"
             "run._start = early\n"
             f"sys.exit(run.supervise([sys.executable, {str(tmp_path / 'trapper.py')!r}], dict(os.environ)))")
     out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True, timeout=60)
@@ -261,3 +262,85 @@ def test_a_child_that_joined_another_group_gets_the_signal_alone(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def wrapped(tmp_path, *prefix, flags=(), **popen):
+    """``PREFIX... python -m freetoken_graphfix run -- trapper FLAGS``, once the trapper handles its signals."""
+    from .test_bootstrap import TRAPPER
+
+    (tmp_path / "trapper.py").write_text(TRAPPER)
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "freetoken_graphfix", "run", "--", sys.executable,
+                             str(tmp_path / "trapper.py"), *flags], env=child_env(None), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+    line = proc.stdout.readline().split()
+    assert line and line[0] == "ready", (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc, int(line[1])
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_under_gnu_timeout_the_child_gets_one_sigterm_and_shuts_down_cleanly(tmp_path, attempt):
+    """GNU timeout signals its command, then its own process group: the wrapper gets the one request
+    twice (or merged into one) and passes it on once; the child, in a group of its own, gets it once
+    and is never killed for a "second" one. Driven by a SIGTERM to timeout, which relays it exactly as
+    at expiry, once the trapper is ready (no race with a timer)."""
+    proc, child = wrapped(tmp_path, "timeout", "--preserve-status", "600")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert out.split("\n").count(f"got {int(signal.SIGTERM)}") == 1, (out, err)
+    assert proc.returncode == 40 + signal.SIGTERM and "again: killing" not in err, (proc.returncode, err)
+    assert not alive(child)
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_kill_of_the_wrappers_group_reaches_the_child_once(tmp_path, attempt):
+    """``kill -TERM -- -PGID`` (supervisord's stopasgroup, tini -g, a CI runner): one delivery, as
+    without the wrapper."""
+    proc, child = wrapped(tmp_path, start_new_session=True)  # the wrapper leads a group: killpg is safe here
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert out.split("\n").count(f"got {int(signal.SIGTERM)}") == 1, (out, err)
+    assert proc.returncode == 40 + signal.SIGTERM and "again: killing" not in err
+    assert os.getpgid(os.getpid()) != proc.pid  # the test runner was never in that group
+
+
+def test_a_deliberate_second_stop_after_a_group_kill_still_kills(tmp_path):
+    proc, child = wrapped(tmp_path, flags=("--stubborn",), start_new_session=True)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.stdout.readline().strip() == f"got {int(signal.SIGTERM)}"
+    time.sleep(0.5)  # past the window in which a repeat is one request delivered twice
+    assert proc.poll() is None and alive(child)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGKILL and "SIGTERM again: killing" in err and not alive(child)
+
+
+def test_one_stop_signal_sent_twice_at_once_by_one_process_is_one_request():
+    """The relay's rule itself, on its clock: the same signal from the same sender within REPEAT_S is a
+    repeat; after it, or from another sender, it is a second request (which kills)."""
+    from freetoken_graphfix import run
+
+    sent = []
+
+    class Relay(run._Relay):
+        def __init__(self) -> None:  # no thread, no child: the rule alone
+            self.received, self.last, self.name = [], None, "x"
+            self.child = type("C", (), {"pid": 1})()
+
+        def reached_child(self, code: int) -> bool:
+            return False
+
+    run_send = run._send
+    try:
+        run._send = lambda child, signum: sent.append(signum)
+        relay = Relay()
+        relay.handle(signal.SIGTERM, run.SI_USER, 100, now=10.0)
+        relay.handle(signal.SIGTERM, run.SI_USER, 100, now=10.0 + run.REPEAT_S / 2)  # timeout's second
+        assert sent == [signal.SIGTERM] and relay.received == [signal.SIGTERM]
+        relay.handle(signal.SIGTERM, run.SI_USER, 200, now=10.0 + run.REPEAT_S / 2)  # another sender
+        assert sent == [signal.SIGTERM, signal.SIGKILL]
+        again = Relay()
+        again.handle(signal.SIGTERM, run.SI_USER, 100, now=10.0)
+        again.handle(signal.SIGTERM, run.SI_USER, 100, now=10.0 + 2 * run.REPEAT_S)  # later: deliberate
+        assert sent[-1] == signal.SIGKILL and len(again.received) == 2
+    finally:
+        run._send = run_send
