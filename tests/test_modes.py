@@ -63,3 +63,53 @@ def test_plot_without_matplotlib_is_refused_before_anything_runs(monkeypatch, ca
         assert exc.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
             "error: --plot needs matplotlib, which is not installed here (pip install 'freetoken-graphfix[plot]')")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--engine", "--logs", ""], "--logs '': an empty path; accepted values are a directory (made if missing)"),
+    (["--engine", "--logs", "{file}"], "is not a directory; accepted values are a directory (made if missing)"),
+    (["--engine", "--logs", "/proc/x/y"], "cannot be made here; accepted values are a directory (made if missing)"),
+    (["--write-model", "{dir}", "--layers", "2", "3"],
+     "--layers 2 3: --write-model writes one model; accepted values are one size"),
+])
+def test_bad_paths_and_sizes_are_one_line_before_anything_runs(argv, line, tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr(cli, "cuda_missing", lambda: pytest.fail("got as far as the GPU"))
+    argv = [a.format(file=tmp_path / "file", dir=tmp_path / "model") for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert exc.value.code == 2 and "bench: error: " in last and last.endswith(line), last
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
+
+
+def test_an_empty_prompt_file_is_refused_not_the_default_text():
+    from freetoken_graphfix.bench import workload
+
+    with pytest.raises(ValueError, match="--prompt-file '': an empty path"):
+        workload.read_text("")
+    assert workload.read_text(None) == workload.COPY_TEXT.read_text(encoding="utf-8")
+
+
+def test_a_startup_record_is_read_back_and_a_rig_record_without_its_command_renders(tmp_path, capsys):
+    import json
+
+    from freetoken_graphfix.bench import rejudge, report
+
+    from .known_answers import rig_record
+
+    record = {"runs": 200, "ms": {"bare": {"n": 200, "median": 11.2}}, "delta_ms": {"armed": 1.3},
+              "delta_band_ms": {"armed": [0.2, 6.1]}, "target_ms": 5.0, "python": "3.12"}
+    (tmp_path / "s.json").write_text(json.dumps(record))
+    saved = rejudge.load(str(tmp_path / "s.json"))
+    assert saved.kind == "startup" and saved.render().endswith("target within +5 ms: cannot tell (an interval "
+                                                               "straddles it: run with more --startup-runs)")
+    rig = rig_record(0.0, 0.002, seed=1)
+    del rig["command"]
+    assert "| command | `not recorded` |" in report.markdown(rig)
+
+
+def test_the_rigs_refusal_has_the_same_prefix_as_every_other(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "cuda_missing", lambda: "no CUDA device; nothing to measure")
+    assert cli.main([]) == 1
+    assert capsys.readouterr().err == "python -m freetoken_graphfix bench: error: no CUDA device; nothing to measure\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -187,6 +188,22 @@ def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
     return None
 
 
+def logs_unusable(logs: str | None) -> str | None:
+    """``--logs DIR`` that cannot hold the logs: refused before a run, not a traceback after its start."""
+    if logs is None:
+        return None
+    if not logs:
+        return "--logs '': an empty path; accepted values are a directory (made if missing)"
+    if os.path.exists(logs) and not os.path.isdir(logs):
+        return f"--logs {logs!r} is not a directory; accepted values are a directory (made if missing)"
+    parent = os.path.dirname(os.path.abspath(logs))
+    if not os.path.isdir(logs) and not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
+        return f"--logs {logs!r}: cannot be made here; accepted values are a directory (made if missing)"
+    if os.path.isdir(logs) and not os.access(logs, os.W_OK):
+        return f"--logs {logs!r}: not writable; accepted values are a directory (made if missing)"
+    return None
+
+
 def plot_missing(opts: argparse.Namespace) -> str | None:
     """``--plot`` where matplotlib is not installed: refused before a run of minutes, not after it."""
     if opts.plot is None or importlib.util.find_spec("matplotlib") is not None:
@@ -224,7 +241,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
             check_writable(getattr(opts, option), f"--{option}")
     except ValueError as exc:
         ap.error(str(exc))
-    why = misplaced(opts, ap) or plot_missing(opts)
+    why = misplaced(opts, ap) or plot_missing(opts) or logs_unusable(opts.logs)
     if why:
         ap.error(why)
     if opts.from_json is not None:
@@ -262,6 +279,9 @@ INSTALL_HINT = {"freetoken": "freetoken (the release to measure)", "openai": "'f
 def run(opts: argparse.Namespace, ft_args: list[str], prog: str, ap: argparse.ArgumentParser) -> int:
     """The benchmark the options select, once they passed every check that needs no GPU."""
     if opts.write_model is not None:
+        if opts.layers and len(opts.layers) > 1:
+            ap.error(f"--layers {' '.join(map(str, opts.layers))}: --write-model writes one model; accepted values "
+                     "are one size")
         try:
             print(model.write_model(opts.write_model, opts.family, opts.layers[0] if opts.layers else None,
                                     opts.experts))
@@ -277,7 +297,7 @@ def run(opts: argparse.Namespace, ft_args: list[str], prog: str, ap: argparse.Ar
     else:
         why = cuda_missing()
         if why:
-            print(f"bench: {why}", file=sys.stderr)
+            print(f"{prog}: error: {why}", file=sys.stderr)
             return ERR
     if opts.engine:
         from .engine_plot import plot as engine_plot

@@ -454,7 +454,7 @@ def markdown(records: list[dict[str, Any]]) -> str:
                     ("FreeToken", freetoken_of(record)), ("model", record["model"]),
                     ("workload", f"{record['context']}-token context, greedy, {record['decode_steps']} decode steps, "
                                  f"bs 2 then bs 1, {record['rounds']} rounds"),
-                    ("date", env["date"]), ("command", f"`{record['command']}`"))),
+                    ("date", env["date"]), ("command", f"`{record.get('command', 'not recorded')}`"))),
                 "", *table_775(summary), "", f"Case: {case_line(record)}.", ""]
         out += [f"**{line.strip()}**" if i == 0 else f"- {line.strip()}"
                 for i, line in enumerate(in_loop_lines(summary))]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-ACCEPTED = "accepted values are a record written by bench --json (the rig, --engine or --serve)"
+ACCEPTED = "accepted values are a record written by bench --json (the rig, --engine, --serve or --startup)"
 
 
 @dataclass
@@ -48,6 +48,10 @@ def judged(data: Any) -> Saved:
         from .report import markdown, plot, render
 
         return Saved("rig", data, lambda: render(data), lambda: False, markdown, plot)
+    if isinstance(data, dict) and "delta_band_ms" in data:
+        from .startup import render as startup_render
+
+        return Saved("startup", data, lambda: startup_render(data), lambda: False)
     if isinstance(data, list) and data and all(isinstance(r, dict) and "runs" in r for r in data):
         if all("traced" in r for r in data):
             from . import engine

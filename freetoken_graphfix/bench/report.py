@@ -76,7 +76,7 @@ def markdown(record: dict[str, Any]) -> str:
            "| | |", "|---|---|",
            *(f"| {k} | {v} |" for k, v in (("GPU", env["gpu"]), ("driver", env["driver"]), ("torch", env["torch"]),
                                           ("FreeToken", env["freetoken"]), ("date", env["date"]),
-                                          ("command", f"`{record['command']}`"))),
+                                          ("command", f"`{record.get('command', 'not recorded')}`"))),
            "", f"GPU time of one decode-like graph replay ({cfg['kernels']} kernels over {cfg['streams']} streams"
            f"{' behind a PLE wait-sync WAIT' if not cfg['no_wait'] else ''}), {cfg['instances']} instances per "
            f"strategy x {cfg['reps']} interleaved replays; ratios ± their 95% interval over instances:", "",

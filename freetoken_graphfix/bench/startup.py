@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import statistics
 import subprocess
 import tempfile
 import time
@@ -60,7 +59,6 @@ def startup(runs: int) -> tuple[dict[str, Any], str]:
                 times[name].append(1e3 * (time.perf_counter() - t0))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in times.items()}
     # each pass ran every arm back to back: its difference to bare in the same pass cancels drift
     bands = {k: median_band([a - b for a, b in zip(times[k], times["bare"], strict=True)]) for k in ARMS
              if k != "bare"}
@@ -68,13 +66,19 @@ def startup(runs: int) -> tuple[dict[str, Any], str]:
               "delta_ms": {k: band[0] for k, band in bands.items()},
               "delta_band_ms": {k: band[1:] for k, band in bands.items()}, "target_ms": TARGET_MS,
               "python": platform.python_version()}
+    return record, render(record)
+
+
+def render(record: dict) -> str:
+    """The report line of a start-up record (a run's, or one ``--from-json`` reads back)."""
+    runs, bare = record["runs"], record["ms"]["bare"]["median"]
+    bands = {k: (mid, *record["delta_band_ms"][k]) for k, mid in record["delta_ms"].items()}
     verdict = startup_verdict(list(bands.values()), runs)
-    text = (f"python -c pass, {runs} interleaved runs each, FreeToken never imported: bare venv {med['bare']:.2f} ms; "
+    return (f"python -c pass, {runs} interleaved runs each, FreeToken never imported: bare venv {bare:.2f} ms; "
             "with the .pth (median of the paired differences, 95% interval): "
             + ", ".join(f"{k} {mid:+.2f} ms " + (f"[{low:+.2f}, {high:+.2f}]" if not math.isnan(high) else "[n/a]")
                         for k, (mid, low, high) in bands.items())
             + f"; target within +{TARGET_MS:g} ms: {verdict}")
-    return record, text
 
 
 def startup_verdict(bands: list[tuple[float, float, float]], runs: int) -> str:

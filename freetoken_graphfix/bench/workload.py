@@ -32,7 +32,9 @@ class Prompt:
 
 def read_text(path: str | None) -> str:
     """The text to copy: ``path``, or the one this package ships. Raises ``ValueError`` naming the file."""
-    source = Path(path) if path else COPY_TEXT
+    if path == "":
+        raise ValueError("--prompt-file '': an empty path; accepted values are a UTF-8 text file")
+    source = Path(path) if path is not None else COPY_TEXT
     try:
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeError) as exc:
@@ -55,6 +57,8 @@ def tokenizer_of(model_dir: str) -> Any:
     line naming the directory, before any engine starts."""
     try:
         return load_tokenizer(model_dir)
+    except ModuleNotFoundError:
+        raise  # FreeToken (or what it needs) is missing: the CLI names the module to install
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError... by what is missing
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ValueError(f"--model {model_dir!r}: FreeToken cannot load its tokenizer ({type(exc).__name__}: "
