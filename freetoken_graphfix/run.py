@@ -57,24 +57,42 @@ def resolve(name: str) -> str:
     return path
 
 
+def python_of(path: str, env: dict[str, str]) -> str | None:
+    """The Python interpreter ``path`` runs: itself when it is one (by its name or the name of what it
+    links to), else the one its ``#!`` line names, ``/usr/bin/env python3`` looked up on the command's
+    ``PATH`` (``ft`` is such a script); ``None`` for anything else."""
+    def is_python(p: str) -> bool:
+        return any(os.path.basename(q).startswith("python") for q in (p, os.path.realpath(p)))
+
+    if is_python(path):
+        return path
+    words = _shebang(path)
+    if words and os.path.basename(words[0]) == "env":
+        names = [w for w in words[1:] if not w.startswith("-")]  # env -S python3 -u: the first name
+        words = [shutil.which(names[0], path=env.get("PATH", os.defpath)) or names[0]] if names else []
+    return words[0] if words and is_python(words[0]) else None
+
+
 def foreign_python(path: str, env: dict[str, str]) -> str | None:
-    """A warning when ``path`` is a Python interpreter that will not load the shim: one whose site
-    does not see this package's ``.pth``. Another venv or a pyenv interpreter is often a link to the
-    very same binary, so that is decided by asking it (one interpreter start, with the command's
-    own environment), never by the binary."""
-    if not os.path.basename(path).startswith("python"):
+    """A warning when ``path`` is, or runs (``#!``), a Python interpreter that will not load the
+    shim: one whose site does not see this package's ``.pth``. Another venv or a pyenv interpreter is
+    often a link to the very same binary, so that is decided by asking it (one interpreter start,
+    with the command's own environment), never by the binary."""
+    python = python_of(path, env)
+    if python is None:
         return None
-    if os.path.abspath(path) in {os.path.abspath(p) for p in (sys.executable, *interpreters())}:
+    if os.path.abspath(python) in {os.path.abspath(p) for p in (sys.executable, *interpreters())}:
         return None  # this environment's own interpreters read its site-packages
     try:
-        probe = subprocess.run([path, "-c", "import sys; print('freetoken_graphfix' in sys.modules)"], env=env,
+        probe = subprocess.run([python, "-c", "import sys; print('freetoken_graphfix' in sys.modules)"], env=env,
                                capture_output=True, text=True, timeout=30)
         loads = probe.stdout.strip().splitlines()[-1:] == ["True"]
     except (OSError, subprocess.SubprocessError):
         loads = False
     if loads:
         return None
-    return (f"freetoken_graphfix: warning: {path} does not load the shim (its site-packages have no "
+    what = path if python == path else f"{path} runs {python}, which"
+    return (f"freetoken_graphfix: warning: {what} does not load the shim (its site-packages have no "
             f"freetoken-graphfix .pth; this environment's interpreter is {sys.executable}): it runs without it")
 
 
@@ -224,14 +242,19 @@ def _prctl() -> Any:
         return None
 
 
-def _interpreter(path: str) -> str:
-    """The interpreter a script's ``#!`` line names."""
+def _shebang(path: str) -> list[str]:
+    """The words of a script's ``#!`` line (interpreter first); ``[]`` for anything else."""
     try:
         with open(path, "rb") as fh:
             first = fh.readline(256)
     except OSError:
-        return "?"
-    return first[2:].split()[0].decode(errors="replace") if first.startswith(b"#!") and first[2:].split() else "?"
+        return []
+    return first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
+
+
+def _interpreter(path: str) -> str:
+    """The interpreter a script's ``#!`` line names."""
+    return (_shebang(path) or ["?"])[0]
 
 
 def _send(child: subprocess.Popen, signum: int) -> None:

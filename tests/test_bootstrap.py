@@ -415,3 +415,33 @@ def test_processes_started_after_the_import_get_the_shim_too(tmp_path):
                          timeout=180)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+def test_run_warns_about_a_script_whose_interpreter_is_another_venvs(tmp_path):
+    """``ft`` is a script: its ``#!`` python, named outright, through ``/usr/bin/env`` or a link, is
+    the one that must load the shim."""
+    import venv
+
+    venv.create(tmp_path / "other", with_pip=False, symlinks=True)
+    other = tmp_path / "other" / "bin" / "python"
+    probe = "import sys; print('freetoken_graphfix' in sys.modules)"
+    direct = tmp_path / "ft"
+    direct.write_text(f"#!{other}\n{probe}\n")
+    via_env = tmp_path / "ft-env"
+    via_env.write_text(f"#!/usr/bin/env python3\n{probe}\n")
+    linked = tmp_path / "py"
+    linked.symlink_to(other)
+    ours = tmp_path / "ft-ours"
+    ours.write_text(f"#!{sys.executable}\n{probe}\n")
+    for script in (direct, via_env, ours):
+        script.chmod(0o755)
+    env = child_env(None)
+    env["PATH"] = os.pathsep.join([str(tmp_path / "other" / "bin"), env.get("PATH", "")])
+    for script, runs in ((direct, other), (via_env, tmp_path / "other" / "bin" / "python3")):
+        out = run_cli("run", "--", str(script), env=env)
+        assert out.stdout.strip() == "False", out.stderr
+        assert f"warning: {script} runs {runs}, which does not load the shim" in out.stderr, out.stderr
+    out = run_cli("run", "--", str(linked), "-c", probe, env=env)
+    assert f"warning: {linked} does not load the shim" in out.stderr
+    out = run_cli("run", "--", str(ours), env=child_env(None))
+    assert out.stdout.strip() == "True" and out.stderr == ""
