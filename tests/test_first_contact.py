@@ -39,6 +39,21 @@ def test_freetoken_imports_as_shipped_when_the_shim_lacks_a_dependency(missing):
     assert "FreeToken keeps its own upload" in errors[0]
 
 
+def test_the_api_without_wrapt_says_why_and_patches_nothing():
+    """status() and install() where wrapt is missing: no ModuleNotFoundError, patched False with the
+    reason doctor gives, one ERROR line from install(), FreeToken untouched."""
+    out = python("import sys; sys.modules['wrapt'] = None\nimport freetoken_graphfix as g\n"
+                 "g.install('auto'); g.uninstall(); s = g.status()\n"
+                 "import freetoken.engine.graph as graph\n"
+                 "print(s['installed'], s['patched'], s['reason'], graph._upload_graph.__module__)", value=None)
+    assert out.returncode == 0, out.stderr
+    installed, patched, reason = out.stdout.split(" ", 2)
+    assert (installed, patched) == ("False", "False") and "cannot be loaded" in reason and "wrapt" in reason
+    assert reason.rstrip().endswith("freetoken.engine.graph")
+    errors = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and "not installed: cannot be loaded" in errors[0], out.stderr
+
+
 def test_doctor_and_patch_without_wrapt(tmp_path):
     """doctor names the missing dependency as its problem; patch never needed wrapt at all."""
     code = ("import sys; sys.modules['wrapt'] = None\nfrom freetoken_graphfix.cli import main\n"
