@@ -183,9 +183,10 @@ DESCRIPTION = "Protect only the FreeToken CUDA graphs that need it, at no replay
 
 
 def program() -> str:
-    """The program as the user invoked it: the console script, or ``python -m``."""
+    """The program as the user invoked it: the console script, ``scripts/freetoken-patch``, or
+    ``python -m``."""
     name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return name if name == "freetoken-graphfix" else "python -m freetoken_graphfix"
+    return name if name in ("freetoken-graphfix", "freetoken-patch") else "python -m freetoken_graphfix"
 
 
 def parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -212,6 +213,7 @@ def parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, 
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]",
                      help="the command and its arguments, after --")
     patch = sub.add_parser("patch", help="check, apply or revert the patch series for FreeToken (patches/)",
+                           **({"prog": prog} if prog == "freetoken-patch" else {}),  # scripts/freetoken-patch
                            description="The patch series for FreeToken itself, on a checkout (--repo) or on the "
                                        "installed FreeToken (--site). Every run is all or nothing, and runs on one "
                                        "tree take turns.")
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return bench_cli.main(argv[1:], prog=f"{prog} bench")
         ap, commands = parser(prog)
+        if argv[:1] == ["--mode"] or argv[:1] and argv[0].startswith("--mode="):
+            ap.error("--mode is run's option: put it after run (run --mode MODE -- COMMAND)")
         args, extra = ap.parse_known_args(argv)
         if extra:  # (run's command takes every argument after its name: these came before it)
             commands[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")

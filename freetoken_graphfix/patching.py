@@ -329,7 +329,7 @@ def _move(target: Target, reverse: bool) -> tuple[bool, str]:
         _write_all(target, {rel: None if lines is None else "".join(lines).encode("utf-8")
                             for rel, lines in contents.items() if lines != current[rel]})
     verb, preposition = ("reverted", "from") if reverse else ("applied", "to")
-    return True, f"{verb} {len(patches)} patches {preposition} the {target.label}"
+    return True, f"{verb} {_count(patches)} {preposition} the {target.label}"
 
 
 def _write_all(target: Target, contents: dict[str, bytes | None]) -> None:
@@ -415,7 +415,11 @@ def describe_installed() -> str:
     """One line for doctor: which series, and its state on the installed FreeToken."""
     try:
         target = site_target()
-        where = f"{len(series())} patches for FreeToken {series_target()} in {patch_dir()}"
+        where = f"{_count(series())} for FreeToken {series_target()} in {patch_dir()}"
         return f"{state(target)} ({where})"
     except PatchError as exc:
         return str(exc)
+
+
+def _count(patches: list[Path]) -> str:
+    return f"{len(patches)} patch{'' if len(patches) == 1 else 'es'}"

@@ -88,3 +88,25 @@ def test_doctor_cuts_an_absurd_value():
     assert out.returncode == 1
     assert out.stdout.count("x" * 100) == 0 and "(5000 characters)" in out.stdout
     assert max(len(line) for line in out.stdout.splitlines()) < 400
+
+
+def test_mode_before_run_is_pointed_at_run(capsys):
+    from freetoken_graphfix import cli
+
+    for argv in (["--mode", "auto", "run", "--", "true"], ["--mode=auto", "run", "--", "true"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith(
+            "error: --mode is run's option: put it after run (run --mode MODE -- COMMAND)")
+
+
+def test_the_patch_script_calls_itself_by_its_name_and_counts_in_english(tmp_path):
+    from pathlib import Path
+
+    from freetoken_graphfix import patching
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "freetoken-patch"
+    out = subprocess.run([sys.executable, str(script), "bogus"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.splitlines()[-1].startswith("freetoken-patch: error: argument ACTION")
+    assert patching._count([Path("a")]) == "1 patch" and patching._count([Path("a"), Path("b")]) == "2 patches"
