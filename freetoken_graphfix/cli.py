@@ -32,7 +32,7 @@ def do_doctor(args: argparse.Namespace) -> int:
     cannot be imported, a short check whose protected first launch blocked)."""
     line = lambda k, v: print(f"{k:>24}: {v}")  # noqa: E731
     problems = 0
-    line("freetoken-graphfix", __version__)
+    line("freetoken-graphfix", f"{__version__} at {os.path.dirname(os.path.abspath(__file__))}")
     line("python", f"{sys.executable} ({sys.version.split()[0]})")
     try:
         from . import hooks
@@ -41,13 +41,19 @@ def do_doctor(args: argparse.Namespace) -> int:
                      "packaging)")
         return ERR
     user_value = hooks.user_env_value()
+    bad_mode = ""  # said once, on its own line: the lines after it refer to it
     try:
         mode = config.parse_mode(user_value)
         line(config.ENV_MODE, f"unset (mode {mode.value})" if user_value is None else
              f"{shown(user_value)} (mode {mode.value})")
     except ConfigError as exc:
         problems += 1
+        bad_mode = str(exc)
         line(config.ENV_MODE, f"PROBLEM: {exc}")
+
+    def said(text: str) -> str:
+        return text.replace(bad_mode, f"{config.ENV_MODE} is not a valid mode (above)") if bad_mode else text
+
     with _quiet_freetoken():  # FreeToken's own INFO lines and progress bars are not this report
         try:
             import freetoken.engine.graph  # noqa: F401  (fires the shim's post-import hook)
@@ -61,10 +67,12 @@ def do_doctor(args: argparse.Namespace) -> int:
         problems += 1
         line("freetoken", f"PROBLEM: cannot be imported: {type(failure).__name__}: {failure}")
     else:
-        tested = "a tested release" if ft["tested"] else "an untested release: decided by feature"
-        line("freetoken", f"{ft['version']} at {ft['path']} ({tested})")
+        tested = ("a tested release" if ft["tested"] else "not inspected: the shim did not install"
+                  if ft["tested"] is None else "an untested release: decided by feature")
+        where = ft["path"] or os.path.dirname(sys.modules["freetoken"].__file__)
+        line("freetoken", f"{ft['version']} at {where} ({tested})")
     line("shim in doctor", f"{'patched' if state['patched'] else 'not patched'}"
-         + (f", mode {state['mode']}" if state["mode"] else "") + f": {state['reason']} (doctor imports the "
+         + (f", mode {state['mode']}" if state["mode"] else "") + f": {said(state['reason'])} (doctor imports the "
          "shim itself, so this holds for this process only)")
     if state["deferred"]["reason"]:
         line("deferred guard", f"{'available' if state['deferred']['available'] else 'unavailable'}: "
@@ -75,7 +83,7 @@ def do_doctor(args: argparse.Namespace) -> int:
     pth = bootstrap.installed_pth()
     line("bootstrap .pth", str(pth) if pth else "not installed (pip install freetoken-graphfix into this environment)")
     active, why = bootstrap.would_activate(user_value)
-    line("shim in new processes", f"{'installed' if active else 'NOT installed'}: {why}")
+    line("shim in new processes", f"{'installed' if active else 'NOT installed'}: {said(why)}")
     line("interpreters", ", ".join(bootstrap.interpreters()))
     line("turn it off", f"{config.ENV_MODE}=off (or 0, false), or pip uninstall freetoken-graphfix")
     print("modes:")

@@ -353,7 +353,7 @@ def test_doctor_reports_a_bad_variable_as_the_problem():
     lines = dict(line.strip().split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
     assert lines["FT_GRAPH_UPLOAD"] == ("PROBLEM: FT_GRAPH_UPLOAD='bogus' is not a valid mode; accepted values: "
                                         "auto, upload, skip, warm, deferred, off, 0, false")
-    assert lines["shim in doctor"].startswith("not patched: FT_GRAPH_UPLOAD='bogus' is not a valid mode")
+    assert lines["shim in doctor"].startswith("not patched: FT_GRAPH_UPLOAD is not a valid mode (above)")
 
 
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["patch", "--help"]])

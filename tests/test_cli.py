@@ -110,3 +110,18 @@ def test_the_patch_script_calls_itself_by_its_name_and_counts_in_english(tmp_pat
     out = subprocess.run([sys.executable, str(script), "bogus"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.splitlines()[-1].startswith("freetoken-patch: error: argument ACTION")
     assert patching._count([Path("a")]) == "1 patch" and patching._count([Path("a"), Path("b")]) == "2 patches"
+
+
+def test_doctor_says_a_bad_mode_once_and_where_each_part_is(tmp_path):
+    env = child_env("bogus")
+    out = run_cli("doctor", "--no-bench", env=env)
+    assert out.returncode == 1
+    assert out.stdout.count("is not a valid mode; accepted values") == 1, out.stdout
+    assert out.stdout.count("FT_GRAPH_UPLOAD is not a valid mode (above)") == 2
+    lines = dict(ln.strip().split(": ", 1) for ln in out.stdout.splitlines() if ": " in ln)
+    import freetoken
+
+    import freetoken_graphfix
+
+    assert lines["freetoken-graphfix"].endswith(f" at {os.path.dirname(os.path.abspath(freetoken_graphfix.__file__))}")
+    assert lines["freetoken"].startswith(f"0.2.1 at {os.path.dirname(freetoken.__file__)} (not inspected")
