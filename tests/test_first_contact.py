@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,22 @@ def test_no_gpu_is_said_before_freetoken_is_imported(tmp_path):
     assert out.stderr.strip().splitlines() == [
         "python -m freetoken_graphfix bench: error: no CUDA device; nothing to measure (use --startup for the "
         "start-up benchmark)"]
+
+
+def test_a_sigterm_to_the_startup_bench_leaves_no_venvs_behind(tmp_path):
+    env = {**child_env(None), "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "bench", "--startup", "--startup-runs",
+                             "100000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(tmp_path.glob("graphfix-startup-*/with/bin/python")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)  # into the timed runs
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    assert list(tmp_path.glob("graphfix-startup-*")) == []

@@ -280,3 +280,15 @@ def test_nvfp4_experts_reach_the_synthetic_case():
     (case,) = opts.cases
     assert (case.target.experts, case.label) == ("nvfp4", "320 layers nvfp4")
     assert "NVFP4 experts, ModelOpt safetensors" in case.target.describe()
+
+
+def test_write_model_prints_its_one_line_and_nothing_of_freetokens(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--write-model", str(tmp_path / "m"),
+                          "--family", "qwen4_exp", "--layers", "4"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.splitlines() == [f"wrote a qwen4_exp model to {tmp_path / 'm'}; run it with: python -m "
+                                       f"freetoken_graphfix bench --engine --model {tmp_path / 'm'} -- "
+                                       f"{model.ENGINE_FLAGS['qwen4_exp']}"]

@@ -12,11 +12,16 @@ prompts round-trip through FreeToken's ``load_tokenizer`` whatever class it pick
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import math
 import os
 import shutil
 import tempfile
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from .workload import COPY_TEXT
@@ -187,10 +192,11 @@ def write_model(folder: str, family: str, layers: int | None, experts: str = "bf
         raise ValueError(f"--write-model {folder!r}: cannot write in {parent!r} ({exc.strerror}); accepted values "
                          "are a new or empty directory in a writable one") from None
     try:
-        if family == SYNTHETIC:
-            build_model_dir(staging, 48 if layers is None else layers, experts=experts)
-        else:
-            write_config_model(staging, family, layers)
+        with quiet_freetoken():
+            if family == SYNTHETIC:
+                build_model_dir(staging, 48 if layers is None else layers, experts=experts)
+            else:
+                write_config_model(staging, family, layers)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 is for the staging, not for the model
@@ -201,6 +207,20 @@ def write_model(folder: str, family: str, layers: int | None, experts: str = "bf
         shutil.rmtree(staging, ignore_errors=True)
     return (f"wrote a {family} model to {folder}; run it with: python -m freetoken_graphfix bench --engine "
             f"--model {folder} -- {ENGINE_FLAGS[family]}")
+
+
+@contextlib.contextmanager
+def quiet_freetoken() -> Iterator[None]:
+    """FreeToken's own INFO/WARNING lines (its stdout handler) and warnings while its code builds a
+    model: the one line ``--write-model`` prints is the report. Errors still show."""
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(before)
 
 
 def check_layers(layers: int) -> None:

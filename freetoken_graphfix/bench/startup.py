@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 import os
 import platform
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -16,6 +18,10 @@ from .stats import median_band, summary
 ARMS = {  # name: (venv holding the .pth, FT_GRAPH_UPLOAD)
     "bare": (False, None), "unset": (True, None), "armed (auto)": (True, "auto"), "off": (True, "off")}
 TARGET_MS = 5.0
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def startup(runs: int) -> tuple[dict[str, Any], str]:
@@ -33,6 +39,8 @@ def startup(runs: int) -> tuple[dict[str, Any], str]:
         raise RuntimeError(f"{bootstrap.PTH_NAME} is not installed in this environment")
     package = os.path.dirname(os.path.abspath(bootstrap.__file__))
     root = tempfile.mkdtemp(prefix="graphfix-startup-")
+    # a SIGTERM (a supervisor, timeout) ends the run through the finally below: no venvs left behind
+    before = signal.signal(signal.SIGTERM, _stopped) if threading.current_thread() is threading.main_thread() else None
     try:
         pythons = {}
         for with_pth in (False, True):
@@ -59,6 +67,8 @@ def startup(runs: int) -> tuple[dict[str, Any], str]:
                 times[name].append(1e3 * (time.perf_counter() - t0))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
     # each pass ran every arm back to back: its difference to bare in the same pass cancels drift
     bands = {k: median_band([a - b for a, b in zip(times[k], times["bare"], strict=True)]) for k in ARMS
              if k != "bare"}
