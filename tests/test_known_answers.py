@@ -130,3 +130,35 @@ def test_the_decode_loops_interval_holds_the_known_cost_as_often_as_it_says():
     held = [abs(f["ratio"] - 1 - cost) <= f["half"] for cost in LOOP_COSTS for apart in APART
             for f in loop_figures(cost, apart)]
     assert len(held) == 720 and sum(held) >= 0.94 * len(held), sum(held)
+
+
+# ---------------------------------------------------------------- --engine, across processes
+
+@pytest.mark.parametrize("apart", APART)
+@pytest.mark.parametrize("cost", LOOP_COSTS)
+def test_across_processes_a_known_cost_is_named_and_none_invented(cost, apart):
+    """Four rounds: upstream's own graph ``1 + cost`` slower than pre-697's, the A/A pair (pre-697, auto)
+    identical, every process's speed a known spread apart: upstream's decode-step verdict names the
+    cost's direction in 19 of 20 seeds or more, and never a cost or a speed-up at 0."""
+    import random
+
+    from freetoken_graphfix.bench import engine_report, verdicts
+
+    from .test_engine_figures import looped, rec
+
+    want = verdicts.COSTS if cost > 0 else verdicts.FASTER if cost < 0 else None
+    named = []
+    for seed in SEEDS:
+        rng = random.Random(seed)
+
+        def processes(factor: float, first: int, rng: random.Random = rng) -> list[dict]:
+            return [looped(first + i, step=1.02 * factor * (1 + rng.gauss(0, apart / 3.3)), copies=0)
+                    for i in range(4)]
+
+        record = rec(upstream=processes(1 + cost, 0), **{"pre-697": processes(1.0, 10), "auto": processes(1.0, 20)})
+        lines, _ = engine_report.cross_verdicts(record)
+        named.append(next(ln for ln in lines if ln.startswith("upstream") and "decode step" in ln).rsplit(": ", 1)[1])
+    if want is None:
+        assert not {verdicts.COSTS, verdicts.FASTER} & set(named), named
+    else:
+        assert sum(n == want for n in named) >= 19, named
