@@ -154,7 +154,7 @@ def do_run(args: argparse.Namespace) -> int:
                         "only processes that import freetoken_graphfix will get the shim"):
             if warning:
                 print(warning, file=sys.stderr)
-        return run.supervise([executable, *command[1:]], env)
+        return run.supervise([executable, *command[1:]], env, exiting=True)
     except run.CommandError as exc:
         print(f"freetoken_graphfix: error: {exc}", file=sys.stderr)
         return exc.code

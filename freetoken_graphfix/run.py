@@ -96,7 +96,7 @@ def foreign_python(path: str, env: dict[str, str]) -> str | None:
             f"freetoken-graphfix .pth; this environment's interpreter is {sys.executable}): it runs without it")
 
 
-def supervise(argv: Sequence[str], env: dict[str, str]) -> int:
+def supervise(argv: Sequence[str], env: dict[str, str], *, exiting: bool = False) -> int:
     r"""Run ``argv`` to completion, forwarding signals; returns its exit code (128+N if killed by N).
     Raises :class:`CommandError` when the command cannot be executed.
 
@@ -104,7 +104,10 @@ def supervise(argv: Sequence[str], env: dict[str, str]) -> int:
     ``sigwaitinfo``, which tells who sent each one: one the kernel sent (the terminal's Ctrl-C or
     Ctrl-\, a hangup) went to the terminal's whole foreground process group, so a child in ours has
     it already; one a process sent (``kill``, a supervisor) reached the wrapper alone. Signals that
-    arrive before the child exists wait, pending, and reach it once it does.
+    arrive before the child exists wait, pending, and reach it once it does. With ``exiting`` (the
+    ``run`` command, which exits with the code next) they stay blocked after the child has exited: a
+    late repeat of a signal the child already had (GNU ``timeout``'s second kill, descheduled between
+    the two) must not end the wrapper instead of passing on the child's code.
 
     Where the wrapper is not a terminal's foreground job (CI, ``timeout``, systemd, supervisord), the
     child gets a process group of its own: a stop signal sent to the wrapper, to the wrapper's group
@@ -125,7 +128,8 @@ def supervise(argv: Sequence[str], env: dict[str, str]) -> int:
         relay.stop()
         while signal.sigtimedwait(signals, 0) is not None:
             pass  # for a child that has exited: unblocked, a Ctrl-C would end the wrapper, not its code
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        if not exiting:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
     return 128 - code if code < 0 else code
 
 

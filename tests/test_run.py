@@ -344,3 +344,18 @@ def test_one_stop_signal_sent_twice_at_once_by_one_process_is_one_request():
         assert sent[-1] == signal.SIGKILL and len(again.received) == 2
     finally:
         run._send = run_send
+
+
+def test_a_late_repeat_after_the_child_exited_does_not_replace_its_code():
+    """GNU timeout can be descheduled between its two kills: the repeat lands once the child has exited
+    and its code is on its way out. ``run`` supervises with ``exiting``: the signal stays blocked and
+    the wrapper exits with the child's code. (Without it, that SIGTERM would end the wrapper.)"""
+    code = ("import os, signal, sys, time\nfrom freetoken_graphfix import run\n"
+            "status = run.supervise([sys.executable, '-c', 'import sys; sys.exit(42)'], dict(os.environ), "
+            "exiting=True)\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(0.2)\nsys.exit(status)")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 42 and out.stderr == "", (out.returncode, out.stderr)
+    restored = code.replace("exiting=True", "exiting=False")
+    out = subprocess.run([sys.executable, "-c", restored], env=child_env(None), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == -signal.SIGTERM  # a library caller gets its own signal mask back
