@@ -572,9 +572,9 @@ def test_a_tree_holding_the_first_patches_is_named_and_moved_either_way(freetoke
     tgt = patching.repo_target(co)
     assert patching.state(tgt) == (f"partly applied: the first 1 of 2 patches ({first.name}); 'patch apply' applies "
                                    "the rest, 'patch revert' undoes them")
-    assert patching.apply(tgt) == (True, f"applied 1 patches to the {tgt.label}")
+    assert patching.apply(tgt) == (True, f"applied 1 patch to the {tgt.label}")
     assert patching.state(tgt) == "applied"
     patching.revert(tgt)
     subprocess.run(["patch", "-p1", "-s", "-i", str(first)], cwd=co, check=True)
-    assert patching.revert(tgt) == (True, f"reverted 1 patches from the {tgt.label}")
+    assert patching.revert(tgt) == (True, f"reverted 1 patch from the {tgt.label}")
     assert digest(co) == original
