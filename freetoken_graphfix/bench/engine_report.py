@@ -14,7 +14,7 @@ from .engine import failures, fmt_ms
 from .engine_stats import CROSS
 from .loop import METRICS as LOOP_METRICS
 from .stats import half_width
-from .verdicts import COSTS, FASTER, REPORTERS_CHECK, judged, recovered, worst
+from .verdicts import COSTS, FASTER, REPORTERS_CHECK, judged, pct, recovered, worst
 
 NO_AA = "not judged: no A/A control in this run ({})"
 NOT_JUDGED = "not judged: the positive control was not recovered"
@@ -23,13 +23,6 @@ LAUNCH_PATH = "the engine's own launch path against the copies' (never uploaded 
 AS_CONTROL = "as {}'s own graph, never uploaded: the engine's own launch path, not the upload"
 SHORT = {"step": "decode step", "launch": "graph launch"}
 UPLOADED_AT_CAPTURE = ("upstream", "upload", GATE)  # FreeToken's _upload_graph (gate: upstream, fill before launch)
-
-
-def pct(ratio: float, half: float) -> str:
-    """``+0.02% ± 0.10%`` (the 95% interval), or ``n/a``."""
-    if math.isnan(ratio):
-        return "n/a"
-    return f"{100 * (ratio - 1):+.2f}%" + ("" if math.isnan(half) else f" ± {100 * half:.2f}%")
 
 
 def band(triple: list[float] | None, is_base: bool = False) -> str:

@@ -15,7 +15,7 @@ import math
 import statistics
 from typing import Any
 
-from .verdicts import CANNOT, COSTS, FASTER, NO_COST, judged, recovered, worst
+from .verdicts import CANNOT, COSTS, FASTER, NO_COST, judged, pct, recovered, worst
 
 MODE_GAP = 0.015
 """Instances whose medians sit this far apart (relative to the median of all) with nothing between
@@ -198,11 +198,9 @@ def judging_width(row: dict[str, Any]) -> float:
     return max(row["half"], row["aa_floor"] or 0.0)
 
 
-def pct(row: dict[str, Any]) -> str:
+def row_pct(row: dict[str, Any]) -> str:
     """``+2.00% ± 0.12%``: the row's ratio to ``skip`` with the interval it is judged on, or ``n/a``."""
-    if not supported(row):
-        return "n/a"
-    return f"{100 * (row['ratio_skip'] - 1):+.2f}% ± {100 * judging_width(row):.2f}%"
+    return pct(row["ratio_skip"], judging_width(row)) if supported(row) else "n/a"
 
 
 def control_recovered(row: dict[str, Any]) -> bool:
@@ -215,7 +213,7 @@ def control_line(table: list[dict[str, Any]]) -> str:
     controls = [r for r in table if r["arm"] == CONTROL]
     if not controls:
         return "positive control: not measured (it needs the skip strategy; a record written before it has none)"
-    read = ", ".join(f"bs {r['bs']} {100 * r['added']:+.2f}% added, read {pct(r)}" for r in controls)
+    read = ", ".join(f"bs {r['bs']} {100 * r['added']:+.2f}% added, read {row_pct(r)}" for r in controls)
     head = "positive control (a spin of known GPU time in a never-uploaded graph): "
     if not all(control_recovered(r) for r in controls):
         return f"{head}{read}: NOT recovered, so no verdict"
@@ -243,11 +241,11 @@ def verdict(table: list[dict[str, Any]]) -> str:
     missed = [r for r in table if r["arm"] == CONTROL and not control_recovered(r)]
     if missed:
         return (f"verdict: none: the positive control was not recovered (bs {missed[0]['bs']}: "
-                f"{100 * missed[0]['added']:+.2f}% added, read {pct(missed[0])}), so this run could not have "
+                f"{100 * missed[0]['added']:+.2f}% added, read {row_pct(missed[0])}), so this run could not have "
                 "seen a cost of #775's size")
     words = {r["bs"]: judged(r["ratio_skip"], r["half"], r["aa_floor"]) for r in ups}
     word = worst(list(words.values()))
-    parts = ", ".join(f"bs {r['bs']} {pct(r)}" for r in ups)
+    parts = ", ".join(f"bs {r['bs']} {row_pct(r)}" for r in ups)
     if word in (COSTS, FASTER):
         hit = max((r for r in ups if words[r["bs"]] == word), key=lambda r: abs(r["ratio_skip"] - 1))
         tail = TAILS[word].format(100 * (hit["ratio_skip"] - 1), hit["bs"])

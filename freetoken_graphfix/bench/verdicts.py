@@ -15,6 +15,13 @@ REPORTERS_CHECK = ("To check #775 on the GPU it was reported on (the same worklo
 CONTROL_ADDED = 0.02  # the positive control's extra GPU time, as a fraction of the step: #775's size
 
 
+def pct(ratio: float, half: float) -> str:
+    """``+0.02% ± 0.10%`` (the ratio with the interval it is judged on), or ``n/a``."""
+    if math.isnan(ratio):
+        return "n/a"
+    return f"{100 * (ratio - 1):+.2f}%" + ("" if math.isnan(half) else f" ± {100 * half:.2f}%")
+
+
 def judged(ratio: float, half: float, floor: float | None = None) -> str:
     """What a ratio to never-uploaded graphs means, on its 95% interval (``half``). An interval inside
     ±0.5% is no cost, even one that excludes 1: #775's regression is 1-2%, and a resolved +0.03% is not
