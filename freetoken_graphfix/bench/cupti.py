@@ -78,6 +78,16 @@ def pooled_gaps(launches: list[list[dict[str, Any]]]) -> dict[str, list[float]]:
     return out
 
 
+SHOWN_STREAMS = 4  # a graph's branches run on a driver stream each (a fork per layer: 100 and more)
+
+
+def first_streams(medians: dict[str, float]) -> str:
+    """The median gap of the first ``SHOWN_STREAMS`` ranked streams and how many more there are:
+    ``s1 0.51, s2 0.50, s3 0.49, s4 0.52 (+2 more)``; empty for none."""
+    shown = ", ".join(f"{rank} {g:.2f}" for rank, g in list(medians.items())[:SHOWN_STREAMS])
+    return shown + (f" (+{len(medians) - SHOWN_STREAMS} more)" if len(medians) > SHOWN_STREAMS else "")
+
+
 def quantiles(values: list[float]) -> list[float]:
     """The 0th to 100th percentiles of ``values``: the distribution, small enough for a saved record."""
     q = statistics.quantiles(values, n=100, method="inclusive")

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from .arms import GATE, PATCHED_ARMS
+from .cupti import first_streams
 from .engine import failures, fmt_ms
 from .engine_stats import CROSS
 from .loop import METRICS as LOOP_METRICS
@@ -425,10 +426,8 @@ def table_775(summary: dict[str, Any]) -> list[str]:
            "|---|---|---|---|"]
     for arm, s in summary["arms"].items():
         for bs, q in s["step_gpu_ms"].items():
-            gaps = s["timeline"].get(bs, {}).get("gap_us", {})
-            shown = ", ".join(f"{name} {g[0]:.2f}" for name, g in list(gaps.items())[:4] if g)
-            more = f" (+{len(gaps) - 4} more)" if len(gaps) > 4 else ""
-            out.append(f"| {arm} | {bs} | {q.get('median', math.nan):.3f} | {shown + more or 'not traced'} |")
+            gaps = {name: g[0] for name, g in s["timeline"].get(bs, {}).get("gap_us", {}).items() if g}
+            out.append(f"| {arm} | {bs} | {q.get('median', math.nan):.3f} | {first_streams(gaps) or 'not traced'} |")
     return out
 
 

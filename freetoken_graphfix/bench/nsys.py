@@ -15,7 +15,7 @@ import csv
 import statistics
 from typing import Any
 
-from .cupti import graph_launches, pooled_gaps
+from .cupti import first_streams, graph_launches, pooled_gaps
 
 COLUMNS = {"start": "Start (ns)", "duration": "Duration (ns)", "correlation": "CorrId", "stream": "Strm"}
 ACCEPTED = ("accepted values are the CSV of `nsys stats --report cuda_gpu_trace --format csv` from a run profiled "
@@ -65,7 +65,5 @@ def table(paths: list[str]) -> str:
              "|---|---|---|---|"]
     for path in paths:
         f = figures(path)
-        shown = ", ".join(f"{rank} {g:.2f}" for rank, g in list(f["gap_us"].items())[:4])
-        more = f" (+{len(f['gap_us']) - 4} more)" if len(f["gap_us"]) > 4 else ""
-        lines.append(f"| {path} | {f['launches']} | {f['ms_per_step']:.3f} | {shown}{more} |")
+        lines.append(f"| {path} | {f['launches']} | {f['ms_per_step']:.3f} | {first_streams(f['gap_us'])} |")
     return "\n".join(lines)

@@ -5,16 +5,14 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from .cupti import SHOWN_STREAMS
 from .stats import control_line, judging_width, mode_notes, rows, supported, verdict
 from .verdicts import REPORTERS_CHECK
-
-SHOWN_STREAMS = 4
 
 
 def stream_gaps(gaps_us: dict[str, list[float]]) -> str:
     """The median gap of each stream of the graph, in rank order (``s1`` first): ``0.38/0.41/0.40/0.39``.
-    A graph's branches run on as many driver streams as it has (a fork per layer: 100 and more), so
-    past the first ``SHOWN_STREAMS`` only their count is shown (``--json`` keeps every one)."""
+    Past the first ``SHOWN_STREAMS`` only their count is shown (``--json`` keeps every one)."""
     ranked = [v for _, v in sorted(gaps_us.items(), key=lambda kv: int(kv[0][1:])) if v]
     medians = "/".join(f"{statistics.median(v):.2f}" for v in ranked[:SHOWN_STREAMS]) or "n/a"
     return medians + (f" +{len(ranked) - SHOWN_STREAMS}" if len(ranked) > SHOWN_STREAMS else "")
