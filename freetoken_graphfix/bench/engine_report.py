@@ -124,8 +124,8 @@ def control_lines(summary: dict[str, Any]) -> tuple[list[str], dict[tuple[str, s
     head = "  positive control (a spin of known GPU time after two more never-uploaded copies, in the same cycle): "
     if not any(seen.values()):
         return [f"{head}{'; '.join(got)}: NOT recovered, so the upload is not judged"], seen
-    widest = max(f["half"] for (metric, bs), ok in seen.items() if ok
-                 for f in [summary["upload_in_loop"].get(metric, {}).get(bs, {"half": math.nan})])
+    up = summary["upload_in_loop"]  # a process with a control figure has an upload figure at that metric and bs
+    widest = max(up[metric][bs]["half"] for (metric, bs), ok in seen.items() if ok)
     tail = "recovered" if all(seen.values()) else "recovered but where marked; the upload is judged only where it was"
     return [f"{head}{'; '.join(got)}: {tail}; this run names any cost above +{100 * widest:.2f}%"], seen
 
