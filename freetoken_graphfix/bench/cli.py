@@ -244,13 +244,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
     why = misplaced(opts, ap) or plot_missing(opts) or logs_unusable(opts.logs)
     if why:
         ap.error(why)
+    if ft_args and not (opts.engine or opts.serve or opts.startup):  # --startup has always let them pass
+        ap.error("FreeToken options after -- are for --engine and --serve")
     if opts.from_json is not None:
-        if ft_args:
-            ap.error("FreeToken options after -- are for --engine and --serve")
         return from_json(opts, prog)
     if opts.from_nsys is not None:
-        if ft_args:
-            ap.error("FreeToken options after -- are for --engine and --serve")
         try:
             print(nsys.table(opts.from_nsys))
         except ValueError as exc:
@@ -261,8 +259,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
         record, text = startup(opts.startup_runs)
         print(text)
         return OK if write_outputs(opts, record) else ERR
-    if ft_args and not (opts.engine or opts.serve):
-        ap.error("FreeToken options after -- are for --engine and --serve")
     try:
         return run(opts, ft_args, prog, ap)
     except ModuleNotFoundError as exc:  # bench's own needs (FreeToken, its tokenizer...): one line, not a traceback
