@@ -85,19 +85,15 @@ def replay_times(rig: Any, runners: dict[tuple[str, int], Any], keys: list[tuple
     schedule runs them (one graph replayed back to back runs faster), after one untimed round."""
     import torch
 
-    launch = launcher(rig, runners)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    timed = timed_launcher(rig, runners)
     times = []
     with torch.cuda.stream(rig.stream):
         for rep in range(reps + 1):
             for key in keys:
                 for bs in bs_list:
-                    start.record(rig.stream)
-                    launch(*key, bs)
-                    end.record(rig.stream)
-                    end.synchronize()
+                    us = timed(*key, bs)
                     if rep:
-                        times.append(1e3 * start.elapsed_time(end))
+                        times.append(us)
     return times
 
 
@@ -116,6 +112,23 @@ def launcher(rig: Any, runners: dict[tuple[str, int], Any]) -> Any:
     return launch
 
 
+def timed_launcher(rig: Any, runners: dict[tuple[str, int], Any]) -> Any:
+    """``launcher``'s launch, timed: the GPU µs of that one replay, between CUDA events around it."""
+    import torch
+
+    launch = launcher(rig, runners)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed(arm: str, i: int, bs: int) -> float:
+        start.record(rig.stream)
+        launch(arm, i, bs)
+        end.record(rig.stream)
+        end.synchronize()
+        return 1e3 * start.elapsed_time(end)
+
+    return timed
+
+
 def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
     """The replay-cost record: every instance of every arm captured and launched, then interleaved
     timed replays. CUPTI is never initialised in this process (it slows and spreads every replay);
@@ -125,8 +138,7 @@ def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
     rig, runners, arms, calibration = build_arms(opts, control=True)
     keys, stream = list(runners), rig.stream
     bs_list = sorted(map(int, next(iter(arms.values()))["replay_us"]), reverse=True)
-    launch = launcher(rig, runners)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    launch, timed = launcher(rig, runners), timed_launcher(rig, runners)
     with torch.cuda.stream(stream):
         for arm, i in keys:  # warm-up: every graph a few times
             for bs in bs_list:
@@ -136,11 +148,7 @@ def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
         for rep in progress(range(opts.reps), opts.reps, "interleaved replays"):
             for arm, i in rotated(keys, rep):
                 for bs in bs_list:
-                    start.record(stream)
-                    launch(arm, i, bs)
-                    end.record(stream)
-                    end.synchronize()
-                    arms[arm]["replay_us"][str(bs)][i].append(1e3 * start.elapsed_time(end))
+                    arms[arm]["replay_us"][str(bs)][i].append(timed(arm, i, bs))
     record = {"env": environment(),
               "config": {k: v for k, v in vars(opts).items() if k not in ("json", "plot", "markdown")},
               "arms": arms, "host_overhead": host_overhead(rig, runners.get(("auto", 0)) or runners[keys[0]])}
