@@ -482,3 +482,35 @@ def test_the_markdown_opens_with_775s_table_per_build():
     assert f"| upstream | 2 | {step:.3f} | s1 0.51, s2 0.51, s3 0.51, s4 0.51 (+2 more) |" in text
     assert "| pre-697 | 1 |" in text and text.count("not traced |") == 3
     assert text.rstrip().endswith('the README\'s section "Checking #775 where it was reported"._')
+
+
+def test_a_timed_launch_releases_the_wait_just_before_and_times_between_its_events():
+    """The one launch both the idle diagnostic and the control's calibration time: the flag at 1 (one
+    release) when the executable is launched, the events around the launch alone."""
+    import torch
+
+    calls = []
+
+    class Event:
+        def __init__(self, name):
+            self.name = name
+
+        def record(self, stream):
+            calls.append(("record", self.name))
+
+        def synchronize(self):
+            calls.append(("sync", self.name))
+
+        def elapsed_time(self, other):
+            return 2.5
+
+    flag = torch.full((1,), 7)
+
+    class Driver(FakeDriver):
+        def launch(self, handle, stream):
+            calls.append(("launch", handle, int(flag[0])))
+
+    ms = child.timed_launch(Driver(), 101, type("S", (), {"cuda_stream": 9})(), flag, lambda f: f.add_(1),
+                            (Event("start"), Event("end")))
+    assert ms == 2.5
+    assert calls == [("record", "start"), ("launch", 101, 1), ("record", "end"), ("sync", "end")]

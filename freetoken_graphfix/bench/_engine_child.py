@@ -251,6 +251,20 @@ class StandIn:
         self.replay = launch
 
 
+def timed_launch(driver: Driver, handle: int, stream, flag, release, events) -> float:
+    """GPU ms of one launch of the executable ``handle`` on ``stream``, between the two ``events``,
+    its WAIT (if ``flag``) released just before."""
+    start, end = events
+    if flag is not None:
+        flag.zero_()
+        release(flag)
+    start.record(stream)
+    driver.launch(handle, stream.cuda_stream)
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def time_replays(runner, stream, flag, reps: int, copies: dict[int, dict[str, int]], release,
                  driver: Driver) -> tuple[dict, dict]:
     """A diagnostic after the workload: GPU ms of each engine graph and of its copies replayed back to
@@ -263,18 +277,12 @@ def time_replays(runner, stream, flag, reps: int, copies: dict[int, dict[str, in
     execs = {key: runner.graph_map[key[0]].raw_cuda_graph_exec() if key[1] == "own" else copies[key[0]][key[1]]
              for key in keys}
     times: dict[tuple[int, str], list[float]] = {key: [] for key in keys}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for rep in range(reps + 3):  # the first 3 are warm-up
         for key in keys[rep % len(keys):] + keys[:rep % len(keys)]:
-            if flag is not None:
-                flag.zero_()
-                release(flag)
-            start.record(stream)
-            driver.launch(execs[key], stream.cuda_stream)
-            end.record(stream)
-            end.synchronize()
+            ms = timed_launch(driver, execs[key], stream, flag, release, events)
             if rep >= 3:
-                times[key].append(round(start.elapsed_time(end), 5))
+                times[key].append(round(ms, 5))
     own = {str(bs): times[bs, "own"] for bs in runner.graph_map}
     copied = {str(bs): {kind: [times[bs, label] for label in labels if label.startswith(kind)]
                         for kind in ("uploaded", "never")} for bs, labels in copies.items()}
@@ -301,17 +309,8 @@ def calibrate_control(copies: dict[int, dict[str, int]], stream, flag, release, 
 
     bs = max(copies)
     never = [h for label, h in copies[bs].items() if label.startswith("never")]
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for k in range(launches):
-        if flag is not None:
-            flag.zero_()
-            release(flag)
-        start.record(stream)
-        driver.launch(never[k % len(never)], stream.cuda_stream)
-        end.record(stream)
-        end.synchronize()
-        times.append(1e3 * start.elapsed_time(end))
+    events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = [1e3 * timed_launch(driver, never[k % len(never)], stream, flag, release, events) for k in range(launches)]
     graph_us = sorted(times)[len(times) // 2]
     return {**spin_module().calibrate(added * graph_us, stream), "graph_us": graph_us, "bs": bs}
 

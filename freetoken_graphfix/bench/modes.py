@@ -38,7 +38,7 @@ def misplaced(opts: argparse.Namespace, ap: argparse.ArgumentParser) -> str | No
     chosen = ["--" + flag.replace("_", "-") for flag in SELECTORS if getattr(opts, flag) not in (None, False)]
     if len(chosen) > 1:
         return f"{' and '.join(chosen)} select different benchmarks: give one"
-    mode = what_runs(opts)
+    mode = chosen[0] if chosen else RIG
     names = {a.dest: a.option_strings[0] for a in ap._actions if a.option_strings}
     for dest, readers in READ_BY.items():
         if getattr(opts, dest) != ap.get_default(dest) and mode not in readers:
