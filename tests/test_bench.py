@@ -191,6 +191,24 @@ def test_an_arm_in_a_mode_skip_never_reached_gets_no_ratio_but_a_note():
     assert stats.fisher_exact(0, 4, 4, 0) == pytest.approx(2 / 70)
 
 
+def test_fishers_exact_test_gives_the_tea_tastings_p_values():
+    """Fisher's lady tasting tea, two-sided: 3 of 4 right p = 0.486, all 4 right p = 0.029."""
+    assert stats.fisher_exact(3, 1, 1, 3) == pytest.approx(0.4857, abs=1e-4)
+    assert stats.fisher_exact(4, 0, 0, 4) == pytest.approx(0.0286, abs=1e-4)
+
+
+def test_only_an_arm_that_falls_into_the_modes_unlike_skip_at_p_below_005_is_named():
+    skip = clustered(550, 588, 3, 1)
+    table = stats.rows(record(skip, clustered(550, 588, 1, 3), clustered(550, 588, 3, 1)))
+    assert stats.mode_notes(table)[0].endswith("upload 3/1")  # auto's 1/3 against skip's 3/1: p = 0.49
+    table = stats.rows(record(clustered(550, 588, 4, 0), clustered(550, 588, 0, 4), clustered(550, 588, 4, 0)))
+    assert "; auto fall into them unlike skip (Fisher p < 0.05)" in stats.mode_notes(table)[0]
+
+
+def test_the_rig_control_adds_its_spin_over_skips_mean_replay():
+    assert stats.control_added({"control": {"spin_us": 2.1}}, [100.0, 110.0]) == pytest.approx(0.02)
+
+
 def test_markdown_report_in_775s_terms():
     rec = record([[100.0], [100.4], [99.6], [100.0]], [[100.0]] * 4, [[102.0], [102.4], [101.6], [102.0]])
     rec["command"] = "python -m freetoken_graphfix bench --instances 4"

@@ -414,6 +414,27 @@ def test_the_copies_made_are_the_schedules_copies_and_the_engines_graph_is_not_o
     assert runner.resets == [1]
 
 
+def test_a_copy_whose_first_launch_leaves_the_flag_released_stops_the_copies():
+    """Each copy's first launch gets one release of the PLE flag, which its WAIT consumes: a launch that
+    leaves it at 1 would pre-release the engine's next WAIT (stale rows), so make_copies refuses."""
+    from types import SimpleNamespace
+
+    import torch
+
+    flag = torch.zeros(1, dtype=torch.int64)
+    stream = SimpleNamespace(cuda_stream=7, synchronize=lambda: None)
+    runner = SimpleNamespace(stream=stream, graph_map={2: SimpleNamespace(raw_cuda_graph=lambda: 1)})
+
+    def release(f):
+        f[0] = 1
+
+    consuming = FakeDriver()
+    consuming.launch = lambda handle, s: flag.zero_()  # the WAIT consumes the release
+    assert len(child.make_copies(runner, 2, flag, release, consuming)[2]) == 4
+    with pytest.raises(RuntimeError, match="the copy's first launch left the PLE flag at 1"):
+        child.make_copies(runner, 2, flag, release, FakeDriver())
+
+
 def own_line(text: str, arm: str) -> str:
     return next(ln for ln in text.splitlines() if ln.startswith(f"  {arm}'s own graph (") and "over its" in ln)
 

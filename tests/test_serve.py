@@ -137,6 +137,15 @@ def test_verdicts():
     assert "FAILED" in serve.render(bad)
 
 
+def test_one_lost_request_or_a_refused_rebuild_fails_a_protected_arm():
+    lost = arm("auto")
+    lost["requests"][-1].update(hung=True, chunks=0, text="")
+    assert serve.problems(lost, None) == ["11 of 12 requests answered"]
+    refused = arm("auto")
+    refused["rebuild"] = {"status": "rejected", "error": "needs 9 GiB"}
+    assert serve.problems(refused, None) == ["rebuild: {'status': 'rejected', 'error': 'needs 9 GiB'}"]
+
+
 def test_pair_is_compared_with_itself():
     rec = arm("auto")
     assert serve.pair_stable(rec) is True

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
-from freetoken_graphfix.bench import engine_report, loop, rejudge
+from freetoken_graphfix.bench import cli, engine, engine_report, loop, rejudge, spin
 from freetoken_graphfix.bench.engine_report import AS_CONTROL, LAUNCH_PATH, aa_floor
 from freetoken_graphfix.bench.stats import half_width, t975
-from freetoken_graphfix.bench.verdicts import CANNOT, COSTS, FASTER, NO_COST, WITHIN_AA, judged, worst
+from freetoken_graphfix.bench.verdicts import CANNOT, COSTS, FASTER, NO_COST, WITHIN_AA, judged, recovered, worst
 
 from .test_engine_figures import NOOP, looped, own_line, rec
+
+RECORDS = Path(__file__).parent / "records"
 
 
 @pytest.mark.parametrize("ratio, half, floor, want", [
@@ -97,6 +100,15 @@ def test_the_pooled_band_weighs_each_kind_by_its_executables():
     assert own["se"] == pytest.approx(math.sqrt(1e-4 * 1.5))
 
 
+def test_kinds_of_unequal_size_are_weighed_as_a_two_sample_interval():
+    """A short run can leave an executable without a whole window, so one kind has fewer copies read:
+    2 uploaded over 4 never-uploaded, pooled SD 0.01 on 4 degrees of freedom, is the textbook two-sample
+    interval, SE 0.01 * sqrt(1/2 + 1/4) and t(0.975, 4) = 2.776."""
+    got = loop.combine([effect(0.01, ss=4e-4, uploaded=2, never=4)], "upload")
+    assert got["se"] == pytest.approx(0.01 * math.sqrt(1 / 2 + 1 / 4))
+    assert got["half"] == pytest.approx(2.776 * got["se"], rel=1e-3)
+
+
 def test_the_band_covers_how_far_processes_lie_apart():
     """Three processes at 0, +1%, +2% with no spread inside any: the band is Student's t over the
     processes; five with one far off: it reaches that one."""
@@ -151,3 +163,81 @@ def test_an_arm_without_traced_runs_says_so_in_the_timeline():
     text = engine_report.render(record)
     assert all(any(line.startswith(f"{arm:14} not traced") for line in text.splitlines())
                for arm in ("upstream", "pre-697")), text
+
+
+def wait_run(seed: int, **over) -> dict:
+    """A process of a model whose decode graphs hold the PLE WAIT (wait-sync table, WAITs captured)."""
+    return looped(seed, wait_sync=True, captured_waits=2, table="DiskRowTable", **over)
+
+
+def test_upstream_that_blocked_where_it_uploads_fails_the_run():
+    """0.2.x protects its graphs by the upload: where its first launch still blocked (a GPU where the
+    upload does not protect), that is a safety failure, not one more negative control."""
+    fire = [{"step": 3, "bs": 2, "flag_after": 1}]
+    record = rec(expects_wait=True, upstream=[wait_run(0, fires=fire)], **{"pre-697": [wait_run(1, fires=fire)]})
+    assert record["summary"]["arms"]["upstream"]["reference"] == "upstream"
+    assert engine.failures(record) == ["upstream: the watchdog released 1 blocked launch(es)"]
+    control_only = rec(expects_wait=True, upstream=[wait_run(0)], **{"pre-697": [wait_run(1, fires=fire)]})
+    assert engine.failures(control_only) == []  # the negative control blocking is what it is for
+
+
+def test_from_json_fails_a_serve_record_whose_protected_arm_hung(tmp_path, capsys):
+    """The H200's own ``--serve`` record passes as saved; with auto's requests hung it fails, as the run
+    would have."""
+    saved_record = json.loads((RECORDS / "serve.json").read_text())["record"]
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([saved_record]))
+    assert cli.main(["--from-json", str(good)]) == 0
+    for request in saved_record["runs"]["auto"]["requests"]:
+        request["hung"] = True
+    hung = tmp_path / "hung.json"
+    hung.write_text(json.dumps([saved_record]))
+    assert cli.main(["--from-json", str(hung)]) == 1
+    assert "auto" in capsys.readouterr().out
+
+
+def test_a_control_read_too_loosely_to_name_a_cost_is_not_recovered():
+    """+1.9% read of +2% added, but ± 3%: that interval holds 0, so this run could not have told a 2%
+    cost from none."""
+    assert recovered(1.019, 0.003, 0.02) and not recovered(1.019, 0.03, 0.02)
+
+
+def test_the_runs_sensitivity_is_its_widest_judged_interval():
+    """The upload's intervals are ± 0.10% at bs 2 and ± 0.40% at bs 1, both controls read back: the run
+    can name a cost above +0.40%, not above +0.10%."""
+    ctl = {"ratio": 1.02, "half": 0.002, "added": 0.02}
+    summary = {"control_in_loop": {"step": {"2": ctl, "1": ctl}},
+               "upload_in_loop": {"step": {"2": {"half": 0.001}, "1": {"half": 0.004}}}}
+    line = engine_report.control_lines(summary)[0][0]
+    assert line.endswith("this run names any cost above +0.40%"), line
+
+
+def test_the_controls_added_time_is_a_fraction_of_a_never_uploaded_launch():
+    """The spin adds 0.0204 ms to launches of 1.02 ms (2%); the engine's own graph runs 10% slower here,
+    which must not enter the fraction."""
+    record = rec(upstream=[looped(i, own=1.1, spin_ms=0.0204) for i in range(3)])
+    assert record["summary"]["control_in_loop"]["step"]["2"]["added"] == pytest.approx(0.02, rel=0.01)
+
+
+def test_an_arm_is_on_the_reference_tokens_only_when_every_process_is():
+    odd = looped(1, token_hash="bbbb")
+    record = rec(upstream=[looped(0)], auto=[looped(2, shim=NOOP), odd])
+    assert not record["summary"]["arms"]["auto"]["same_tokens_as_reference"]
+    assert "auto: tokens ['aaaa', 'bbbb'] differ from upstream's" in engine.failures(record)
+
+
+def test_the_spin_is_calibrated_on_back_to_back_spins_and_reports_its_median(monkeypatch):
+    """A GPU whose spins take 1 µs per 1000 clocks plus 5 µs of launch gap before the first (so one
+    spin alone reads long): the calibrated spin is the target's length, and its reported length the
+    median of its five measurements."""
+    measured = iter([103.0, 99.0, 101.0, 100.0, 102.0])
+
+    def spin_us(cycles, stream, spins=50):
+        if cycles == spin.PROBE_CYCLES:
+            return cycles / 1000 + 5.0 / spins
+        assert 99_000 <= cycles <= 101_000, cycles  # 100 µs at 1 µs per 1000 clocks
+        return next(measured)
+
+    monkeypatch.setattr(spin, "spin_us", spin_us)
+    got = spin.calibrate(100.0, stream=None)
+    assert got["spin_us"] == 101.0 and got["spin_us_range"] == [99.0, 103.0]
