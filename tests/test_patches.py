@@ -87,6 +87,43 @@ def test_the_cover_letter_is_short_and_its_benchmark_needs_freetoken_alone():
     assert "_unlaunched_bs" in script and "+        self._unlaunched_bs: set[int] = set()" in first
 
 
+def test_the_appendix_writes_the_models_the_bench_writes(tmp_path):
+    """The letter's make_models.py (FreeToken and its requirements alone) writes what this package's
+    ``bench --write-model`` writes, which ran on the H200: the same config.json, the same tensors by
+    name, shape and dtype in the FTW checkpoint and in the disk PLE table; for the llama, the config."""
+    import ast
+
+    from safetensors import safe_open
+
+    from freetoken_graphfix.bench import model
+
+    cover = (ROOT / "patches" / "0000-cover-letter.patch").read_text()
+    script = cover.split("--- make_models.py\n", 1)[1].split("\n---\n", 1)[0]
+    ours = {node.module.split(".")[0] if isinstance(node, ast.ImportFrom) else alias.name
+            for node in ast.walk(ast.parse(script)) if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names}
+    assert ours <= {"json", "math", "os", "sys", "torch", "safetensors", "tokenizers", "freetoken"}, ours
+    (tmp_path / "make_models.py").write_text(script)
+    for name, args in (("qwen4_exp", ["8"]), ("llama", ["llama"])):
+        subprocess.run([sys.executable, str(tmp_path / "make_models.py"), str(tmp_path / f"letter-{name}"), *args],
+                       check=True, capture_output=True, timeout=600)
+        model.write_model(str(tmp_path / f"bench-{name}"), name, 8 if name == "qwen4_exp" else None)
+    for name in ("qwen4_exp", "llama"):
+        letter, bench = (json.loads((tmp_path / f"{who}-{name}" / "config.json").read_text())
+                         for who in ("letter", "bench"))
+        assert letter == bench, name
+
+    def tensors(folder):
+        from freetoken.checkpoint.ftw import FTWReader
+
+        ftw = {e["name"]: (tuple(e["shape"]), e["dtype"]) for e in FTWReader(str(folder)).entries()}
+        with safe_open(str(folder / model.PLE_FILE), "pt") as fh:
+            ple = {k: (tuple(fh.get_tensor(k).shape), str(fh.get_tensor(k).dtype)) for k in fh.keys()}
+        return ftw, ple
+
+    assert tensors(tmp_path / "letter-qwen4_exp") == tensors(tmp_path / "bench-qwen4_exp")
+
+
 def test_commits_follow_freetokens_conventions():
     """FreeToken's history: ``type(scope): subject`` (lower case, no final period), a prose body, no
     Debian fields; authored as this project, at a real address; tests under the subsystem they
