@@ -12,7 +12,17 @@ import re
 
 import pytest
 
-from freetoken_graphfix.bench import cli, engine, engine_report, engine_stats, loop, stats, verdicts
+from freetoken_graphfix.bench import (
+    cli,
+    engine,
+    engine_cross_report,
+    engine_loop_report,
+    engine_report,
+    engine_stats,
+    loop,
+    stats,
+    verdicts,
+)
 
 from .test_engine_bench import result, shim
 
@@ -124,7 +134,7 @@ def test_a_positive_control_not_read_back_leaves_the_upload_unjudged():
     record = rec(upstream=[looped(i, upload=1.05, spin_ms=0.0204, spin_read=0.3) for i in range(3)])
     text = engine_report.render(record)
     assert "NOT recovered, so the upload is not judged" in text
-    assert engine_report.NOT_JUDGED in text and verdicts.COSTS not in text.split("positive control")[0]
+    assert engine_loop_report.NOT_JUDGED in text and verdicts.COSTS not in text.split("positive control")[0]
 
 
 def test_a_record_without_the_control_is_judged_and_says_it_has_none():
@@ -164,7 +174,7 @@ def test_each_launch_is_taken_against_the_launches_around_it_and_a_record_withou
     assert cycles == 2 and set(means) == {"a", "b", "c"}
     assert means == pytest.approx({"a": -third, "b": math.log(2) - third, "c": math.log(4) - third})
     assert loop.process_effect(result(), "step_gpu_ms", "2") is None  # an earlier release's record
-    assert engine_report.in_loop_lines(rec(upstream=result(), **{"pre-697": result()})["summary"])[0].endswith(
+    assert engine_loop_report.in_loop_lines(rec(upstream=result(), **{"pre-697": result()})["summary"])[0].endswith(
         "not measured (--copies 0, or a record from before the decode loop launched copies)")
 
 
@@ -373,7 +383,7 @@ def test_a_host_bound_decode_step_is_named():
         return dict(r, graph_gpu_ms={bs: [0.7 * t for t in v] for bs, v in r["step_gpu_ms"].items()})
 
     record = rec(upstream=[slow_graph(looped(1))], **{"pre-697": [looped(2)]})
-    assert engine_report.host_bound(record["summary"]) == [
+    assert engine_cross_report.host_bound(record["summary"]) == [
         f"upstream bs {bs}: the graph step takes 70% of the decode step's GPU time (host-bound: the step's GPU time "
         "and tok/s follow the host)" for bs in ("2", "1")]
 

@@ -142,7 +142,7 @@ def test_across_processes_a_known_cost_is_named_and_none_invented(cost, apart):
     cost's direction in 19 of 20 seeds or more, and never a cost or a speed-up at 0."""
     import random
 
-    from freetoken_graphfix.bench import engine_report, verdicts
+    from freetoken_graphfix.bench import engine_cross_report, verdicts
 
     from .test_engine_figures import looped, rec
 
@@ -156,7 +156,7 @@ def test_across_processes_a_known_cost_is_named_and_none_invented(cost, apart):
                     for i in range(4)]
 
         record = rec(upstream=processes(1 + cost, 0), **{"pre-697": processes(1.0, 10), "auto": processes(1.0, 20)})
-        lines, _ = engine_report.cross_verdicts(record)
+        lines, _ = engine_cross_report.cross_verdicts(record)
         named.append(next(ln for ln in lines if ln.startswith("upstream") and "decode step" in ln).rsplit(": ", 1)[1])
     if want is None:
         assert not {verdicts.COSTS, verdicts.FASTER} & set(named), named

@@ -10,8 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from freetoken_graphfix.bench import cli, engine, engine_report, loop, rejudge, spin
-from freetoken_graphfix.bench.engine_report import AS_CONTROL, LAUNCH_PATH, aa_floor
+from freetoken_graphfix.bench import (
+    cli,
+    engine,
+    engine_cross_report,
+    engine_loop_report,
+    engine_report,
+    loop,
+    rejudge,
+    spin,
+)
+from freetoken_graphfix.bench.engine_cross_report import aa_floor
+from freetoken_graphfix.bench.engine_loop_report import AS_CONTROL, LAUNCH_PATH
 from freetoken_graphfix.bench.stats import half_width, t975
 from freetoken_graphfix.bench.verdicts import CANNOT, COSTS, FASTER, NO_COST, WITHIN_AA, judged, recovered, worst
 
@@ -153,9 +163,9 @@ def test_the_markdown_opens_the_in_loop_figures_with_the_upload_in_bold():
 
 def test_the_host_modes_line_says_one_mode_or_where_the_modes_split():
     one = rec(upstream=[looped(i) for i in range(2)], **{"pre-697": [looped(i + 2) for i in range(2)]})
-    assert engine_report.host_mode_lines(one["summary"])[0].endswith("one per phase")
+    assert engine_cross_report.host_mode_lines(one["summary"])[0].endswith("one per phase")
     two = rec(upstream=[looped(0), looped(1, host=0.44)], **{"pre-697": [looped(2), looped(3, host=0.44)]})
-    assert "several: bs 2: A < " in engine_report.host_mode_lines(two["summary"])[0]
+    assert "several: bs 2: A < " in engine_cross_report.host_mode_lines(two["summary"])[0]
 
 
 def test_an_arm_without_traced_runs_says_so_in_the_timeline():
@@ -208,7 +218,7 @@ def test_the_runs_sensitivity_is_its_widest_judged_interval():
     ctl = {"ratio": 1.02, "half": 0.002, "added": 0.02}
     summary = {"control_in_loop": {"step": {"2": ctl, "1": ctl}},
                "upload_in_loop": {"step": {"2": {"half": 0.001}, "1": {"half": 0.004}}}}
-    line = engine_report.control_lines(summary)[0][0]
+    line = engine_loop_report.control_lines(summary)[0][0]
     assert line.endswith("this run names any cost above +0.40%"), line
 
 
