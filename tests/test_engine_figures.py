@@ -134,6 +134,7 @@ def test_a_positive_control_not_read_back_leaves_the_upload_unjudged():
     record = rec(upstream=[looped(i, upload=1.05, spin_ms=0.0204, spin_read=0.3) for i in range(3)])
     text = engine_report.render(record)
     assert "NOT recovered, so the upload is not judged" in text
+    assert text.splitlines()[1].endswith(": not judged (the positive control was not read back)")  # the headline
     assert engine_loop_report.NOT_JUDGED in text and verdicts.COSTS not in text.split("positive control")[0]
 
 
@@ -501,14 +502,15 @@ def test_the_decode_loop_launches_every_copy_made_for_each_size():
 
 def test_the_markdown_opens_with_775s_table_per_build():
     """#775's figures, ready to paste: GPU ms a decode step and the median gap per stream, per build and
-    bs, above everything else the report says."""
+    bs, right under the headline and the environment, above every detail."""
     record = rec(upstream=[looped(i) for i in range(2)], **{"pre-697": [looped(i + 2) for i in range(2)]})
     gaps = {f"s{i}": [0.51, 0.5, 0.52] for i in range(1, 7)}
     figures = {key: [1.0, 1.0, 1.0] for key in ("graph_kernels", "step_kernels", "busy_us", "streams", "launches")}
     record["summary"]["arms"]["upstream"]["timeline"] = {"processes": 1, "note": "", "2": {**figures, "gap_us": gaps}}
     text = engine_report.markdown([record])
     table = "| build | bs | GPU ms per decode step | median gap between kernels per stream, µs (traced) |"
-    assert text.index(table) < text.index("the upload in the decode loop")
+    assert text.index("- the upload in the decode loop: ") < text.index(table) < text.index(
+        "**the upload in the decode loop, same graph")
     step = record["summary"]["arms"]["upstream"]["step_gpu_ms"]["2"]["median"]
     assert f"| upstream | 2 | {step:.3f} | s1 0.51, s2 0.51, s3 0.51, s4 0.51 (+2 more) |" in text
     assert "| pre-697 | 1 |" in text and text.count("not traced |") == 3

@@ -25,6 +25,7 @@ from freetoken_graphfix.bench.engine_loop_report import AS_CONTROL, LAUNCH_PATH
 from freetoken_graphfix.bench.stats import half_width, t975
 from freetoken_graphfix.bench.verdicts import CANNOT, COSTS, FASTER, NO_COST, WITHIN_AA, judged, recovered, worst
 
+from .test_engine_bench import shim
 from .test_engine_figures import NOOP, looped, own_line, rec
 
 RECORDS = Path(__file__).parent / "records"
@@ -157,7 +158,7 @@ def test_a_ratio_from_two_samples_has_a_band_of_student_t_on_one_degree_of_freed
 def test_the_markdown_opens_the_in_loop_figures_with_the_upload_in_bold():
     record = rec(upstream=[looped(i) for i in range(2)], **{"pre-697": [looped(i + 2) for i in range(2)]})
     lines = engine_report.markdown([record]).splitlines()
-    first = next(i for i, line in enumerate(lines) if "the upload in the decode loop" in line)
+    first = next(i for i, line in enumerate(lines) if "the upload in the decode loop, same graph" in line)
     assert lines[first].startswith("**") and lines[first + 1].startswith("- "), lines[first:first + 2]
 
 
@@ -251,3 +252,29 @@ def test_the_spin_is_calibrated_on_back_to_back_spins_and_reports_its_median(mon
     monkeypatch.setattr(spin, "spin_us", spin_us)
     got = spin.calibrate(100.0, stream=None)
     assert got["spin_us"] == 101.0 and got["spin_us_range"] == [99.0, 103.0]
+
+
+def test_the_report_answers_first_with_the_details_own_figures():
+    """The first lines, terminal and markdown alike: safety, the upload's in-loop cost with its band (the
+    detail's own figure), what the positive control says the run could see, and what to set."""
+    record = rec(upstream=[looped(i, upload=1.01, spin_ms=0.0204, drift=1e-4) for i in range(3)],
+                 **{"pre-697": [looped(i + 3, upload=1.01, spin_ms=0.0204) for i in range(3)]})
+    text = engine_report.render(record)
+    head = text.splitlines()[:8]
+    assert head[0] == "safety: every protected arm never blocked and gave upstream's tokens"
+    detail = next(ln for ln in text.splitlines() if ln.startswith("  GPU time per decode step: bs 2 +"))
+    figure = detail.split(": ", 1)[1].split(" (processes", 1)[0]
+    assert head[1].startswith("the upload in the decode loop: GPU time per decode step " + figure)
+    assert head[1].endswith(COSTS) and head[2].startswith("positive control: recovered; this run names any cost")
+    assert head[3].startswith("what to set: nothing needs protection here") and head[4] == ""
+    md = engine_report.markdown([record]).splitlines()[:14]
+    assert md[2] == f"- **{head[0]}**" and md[3] == f"- {head[1]}"
+
+
+def test_a_protected_arm_that_blocked_leads_the_report():
+    fire = [{"step": 3, "bs": 2, "flag_after": 1}]
+    record = rec(expects_wait=True, upstream=[wait_run(0)], auto=[wait_run(1, shim=shim("auto", "deferred"),
+                                                                           fires=fire)])
+    head = engine_report.render(record).splitlines()
+    assert head[0].startswith("safety: FAILED: auto: the watchdog released 1 blocked launch(es)"), head[0]
+    assert head[3].startswith("what to set: not FT_GRAPH_UPLOAD=auto on this model")

@@ -22,6 +22,7 @@ from .engine_cross_report import (
     host_bound,
     host_mode_lines,
 )
+from .engine_headline import headline
 from .engine_loop_report import in_loop_lines
 from .engine_timeline import timeline_lines
 from .verdicts import REPORTERS_CHECK
@@ -106,7 +107,7 @@ def safety_lines(record: dict[str, Any]) -> list[str]:
 def render(record: dict[str, Any]) -> str:
     summary = record["summary"]
     cross_lines, loop_by = cross_verdicts(record)
-    lines = [*header(record), *arm_table(summary), *waits_line(summary), *in_loop_lines(summary),
+    lines = [*headline(record), "", *header(record), *arm_table(summary), *waits_line(summary), *in_loop_lines(summary),
              *timeline_lines(summary), *host_mode_lines(summary), *cross_table(summary), *aa_lines(record),
              *cross_lines, *host_bound(summary), *diagnostic_lines(record, loop_by), *safety_lines(record)]
     return "\n".join(lines)
@@ -134,7 +135,9 @@ def markdown(records: list[dict[str, Any]]) -> str:
     for record in records:
         env, summary = record["env"], record["summary"]
         cross_lines, loop_by = cross_verdicts(record)
-        out += [f"### freetoken-graphfix bench --engine: {record['label']}", "", "| | |", "|---|---|",
+        out += [f"### freetoken-graphfix bench --engine: {record['label']}", "",
+                *(f"- **{line}**" if i == 0 else f"- {line}" for i, line in enumerate(headline(record))), "",
+                "| | |", "|---|---|",
                 *(f"| {k} | {v} |" for k, v in (
                     ("GPU", env["gpu"]), ("driver", env["driver"]), ("torch", env["torch"]),
                     ("FreeToken", freetoken_of(record)), ("model", record["model"]),
