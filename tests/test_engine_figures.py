@@ -9,6 +9,7 @@ import json
 import math
 import random
 import re
+from pathlib import Path
 
 import pytest
 
@@ -305,6 +306,18 @@ def test_from_json_judges_a_saved_record_again_by_the_current_rules(tmp_path, ca
     (saved,) = json.loads(again.read_text())  # strict JSON: a figure that cannot be computed is null
     assert saved["summary"]["aa"]["pair"] == ["pre-697", "auto"] and saved["summary"]["aa"]["figures"]["step"][
         "2"][0] is None
+    assert "pre-697 round 0" not in md.read_text()  # the detail: --verbose
+    assert cli.main(["--from-json", str(path), "--markdown", str(md), "--verbose"]) == 0
+    assert "- pre-697 round 0: bs 2 host 0." in md.read_text()
+
+
+def test_verbose_is_refused_for_a_record_with_no_detail(tmp_path, capsys):
+    rig = tmp_path / "rig.json"
+    rig.write_text(json.dumps(json.loads((Path(__file__).parent / "records" / "rig-bench.json").read_text())["record"]))
+    assert cli.main(["--from-json", str(rig), "--markdown", str(tmp_path / "r.md"), "--verbose"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--verbose: a rig record has no detail beyond its --markdown" in err
+    assert not (tmp_path / "r.md").exists()
 
 
 def test_from_json_refuses_what_is_no_record_in_one_line(tmp_path, capsys):

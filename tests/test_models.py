@@ -244,15 +244,16 @@ def test_the_markdown_report_has_775s_shape():
                                    "streams": 4, "gap_us": {f"s{i}": {"median": 0.19, "n": 9} for i in (1, 2, 3, 4)}}}
     rec = judged(upstream=[no_wait_result()] * 2, **{"pre-697": [no_wait_result(upload_ms=[])] * 2})
     rec["summary"]["arms"]["upstream"]["timeline"] = engine_stats.timeline([timeline])
-    text = engine_report.markdown([rec])
+    text, verbose = engine_report.markdown([rec]), engine_report.markdown([rec], verbose=True)
     for piece in ("| GPU | GPU |", "| driver | 1 |", "| FreeToken | 0.2.1 |", "| model | llama |",
                   "`python -m freetoken_graphfix bench ...`",
                   "| build | bs | GPU ms per decode step | tok/s | vs never uploaded, within host modes (95%) |",
                   "| upstream | 2 | 3.305 | 605.1 | 1.0000 ± 0.0000 |", "| pre-697 | 2 | 3.305 | 605.1 | 1 (base) |",
-                  "upstream       bs 2: 1 process(es), kernels 1102 (1090), busy 812.5 µs, 4 streams, gap s1 0.190 "
-                  "s2 0.190 s3 0.190 s4 0.190", "free GPU memory after capture, upstream: 9000 MiB",
-                  "the upload in the decode loop, same graph, same process: not measured"):
+                  "the upload in the decode loop, same graph, same process: not measured", engine_report.DETAIL):
         assert piece in text, piece
+    for piece in ("upstream       bs 2: 1 process(es), kernels 1102 (1090), busy 812.5 µs, 4 streams, gap s1 0.190 "
+                  "s2 0.190 s3 0.190 s4 0.190", "free GPU memory after capture, upstream: 9000 MiB"):  # the detail
+        assert piece in verbose and piece not in text, piece
 
 
 def test_freetoken_options_follow_the_synthetic_models_own_and_replace_them(tmp_path):

@@ -22,6 +22,7 @@ from freetoken_graphfix.bench import cli, modes
     (["--startup-runs", "10"], "--startup-runs is read by --startup, not by the rig"),
     (["--engine", "--no-warmup", "--serve"], "--engine and --serve select different benchmarks: give one"),
     (["--serve", "--no-warmup"], "--no-warmup is read by --engine, not by --serve"),
+    (["--verbose"], "--verbose is read by --engine, --from-json, not by the rig"),
     (["--write-model", "D", "--rounds", "2"], "--rounds is read by --engine, not by --write-model"),
 ])
 def test_an_option_the_chosen_benchmark_would_ignore_is_refused(argv, line, capsys, monkeypatch):

@@ -5,6 +5,7 @@ launch blocks: a decode-like graph in a rig, FreeToken's real engine (``--engine
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -72,6 +73,9 @@ def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.Argumen
     out.add_argument("--markdown", metavar="PATH",
                      help="write a report to paste upstream (GPU, driver, torch, FreeToken, the command, ms per step "
                           "and the ratios with their bands)")
+    out.add_argument("--verbose", action="store_true",
+                     help="--engine's --markdown: the detail too (every process's host mode and memory, the kernel "
+                          "timeline per arm, the diagnostics from idle; --json always has them)")
     out.add_argument("--plot", metavar="PATH",
                      help="the rig and --engine: a PNG of the inter-kernel gap distributions per stream (--engine: "
                           "and each process's decode steps over the run); needs matplotlib")
@@ -226,7 +230,14 @@ def from_json(opts: argparse.Namespace, prog: str) -> int:
                   file=sys.stderr)
             return ERR
     print(saved.render())
-    written = write_outputs(opts, saved.record, saved.markdown, saved.plot)
+    markdown = saved.markdown
+    if opts.verbose:
+        if saved.kind != "engine":
+            print(f"{prog}: error: --verbose: a {saved.kind} record has no detail beyond its --markdown; it is for "
+                  "--engine records", file=sys.stderr)
+            return ERR
+        markdown = functools.partial(saved.markdown, verbose=True)
+    written = write_outputs(opts, saved.record, markdown, saved.plot)
     return ERR if not written or saved.failed() else OK
 
 
@@ -302,7 +313,7 @@ def run(opts: argparse.Namespace, ft_args: list[str], prog: str, ap: argparse.Ar
 
         opts.arms = opts.arms or engine.default_arms(any(c.target.expects_wait for c in opts.cases))
         return run_cases(opts, "engine", engine.engine_record, engine_render, lambda r: bool(engine.failures(r)),
-                         engine_markdown, engine_plot)
+                         functools.partial(engine_markdown, verbose=opts.verbose), engine_plot)
     if opts.serve:
         opts.arms = opts.serve_arms or list(serve.DEFAULT_ARMS)
         return run_cases(opts, "serve", serve.serve_record, serve.render, lambda r: any(r["problems"].values()))

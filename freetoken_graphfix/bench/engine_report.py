@@ -126,7 +126,24 @@ def table_775(summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def markdown(records: list[dict[str, Any]]) -> str:
+DETAIL = ("_The kernel timeline per arm, every process's host mode and memory and the diagnostics from an idle "
+          "GPU: `--verbose` (and `--json`)._")
+
+
+def detail(record: dict[str, Any], loop_by: dict[tuple[str, str, str], str]) -> list[str]:
+    """``--verbose``'s part of the markdown: what the terminal report prints beyond the answer and the
+    verdicts (the timeline per arm, each process's host mode, memory, the diagnostics from idle)."""
+    summary = record["summary"]
+    out = ["", "Detail:", ""]
+    out += [f"- {line.strip()}" for line in timeline_lines(summary)]
+    out += [f"- {line.strip()}" for line in host_mode_lines(summary)]
+    out += [f"- free GPU memory after capture, {arm}: {s['free_mib_after_capture']:.0f} MiB; taken by the first "
+            f"launch: " + ", ".join(f"bs {bs} {v:.0f} MiB" for bs, v in s["first_launch_mib"].items())
+            for arm, s in summary["arms"].items()]
+    return out + [f"- {line.strip()}" for line in diagnostic_lines(record, loop_by)]
+
+
+def markdown(records: list[dict[str, Any]], verbose: bool = False) -> str:
     """The report in #775's shape, one section per model: the environment and command, #775's own
     table (ms a step and the gap per stream, per build), the upload in the decode loop, "GPU ms per
     decode step | tok/s" per build, the kernel-timeline bullets, then the cross-process verdicts, the
@@ -158,13 +175,9 @@ def markdown(records: list[dict[str, Any]]) -> str:
                            + " | ".join(cells) + " |")
         out.append("")
         out += [f"- {line}" for line in waits_line(summary)]
-        out += [f"- {line.strip()}" for line in timeline_lines(summary)]
-        out += [f"- {line.strip()}" for line in host_mode_lines(summary)]
-        out += [f"- free GPU memory after capture, {arm}: {s['free_mib_after_capture']:.0f} MiB; taken by the first "
-                f"launch: " + ", ".join(f"bs {bs} {v:.0f} MiB" for bs, v in s["first_launch_mib"].items())
-                for arm, s in summary["arms"].items()]
         out += [f"- {line}" for line in host_bound(summary)]
         out += [f"- **{line}**" for line in (*aa_lines(record), *cross_lines)]
-        out += [f"- {line.strip()}" for line in diagnostic_lines(record, loop_by)]
-        out += [f"- {line}" for line in safety_lines(record)] + ["", f"_{REPORTERS_CHECK}._", ""]
+        out += [f"- {line}" for line in safety_lines(record)]
+        out += detail(record, loop_by) if verbose else ["", DETAIL]
+        out += ["", f"_{REPORTERS_CHECK}._", ""]
     return "\n".join(out)

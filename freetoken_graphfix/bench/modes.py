@@ -20,7 +20,8 @@ READ_BY = {  # an option's dest: the benchmarks that read it (json: every one th
     "jobs": (SERVE, DEADLOCK), "arms": (ENGINE,), "rounds": (ENGINE,), "copies": (ENGINE,), "replays": (ENGINE,),
     "trace_steps": (ENGINE,), "trace_runs": (ENGINE,), "warmup": (ENGINE,), "hang_timeout": (ENGINE,),
     "serve_arms": (SERVE,), "ready_timeout": (SERVE,), "request_timeout": (SERVE,), "startup_runs": (STARTUP,),
-    "markdown": REPORTERS, "plot": REPORTERS, "json": (RIG, ENGINE, SERVE, STARTUP, DEADLOCK, FROM_JSON),
+    "markdown": REPORTERS, "plot": REPORTERS, "verbose": (ENGINE, FROM_JSON),
+    "json": (RIG, ENGINE, SERVE, STARTUP, DEADLOCK, FROM_JSON),
 }
 
 
