@@ -266,7 +266,11 @@ def test_the_report_answers_first_with_the_details_own_figures():
     figure = detail.split(": ", 1)[1].split(" (processes", 1)[0]
     assert head[1].startswith("the upload in the decode loop: GPU time per decode step " + figure)
     assert head[1].endswith(COSTS) and head[2].startswith("positive control: recovered; this run names any cost")
-    assert head[3].startswith("what to set: nothing needs protection here") and head[4] == ""
+    assert head[3] == ("what to set: nothing needs protection here; FT_GRAPH_UPLOAD=auto skips an upload that "
+                       "protects nothing; the upload costs this GPU what the line above says") and head[4] == ""
+    wide = rec(upstream=[looped(i, noise=0.05) for i in range(3)])
+    assert engine_report.render(wide).splitlines()[3].endswith("this run cannot tell whether the upload costs anything "
+                                                               "(its band reaches beyond ±0.5%)")
     md = engine_report.markdown([record]).splitlines()[:14]
     assert md[2] == f"- **{head[0]}**" and md[3] == f"- {head[1]}"
 

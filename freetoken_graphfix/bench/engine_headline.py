@@ -10,7 +10,7 @@ from typing import Any
 from .engine import failures
 from .engine_loop_report import control_lines
 from .loop import METRICS as LOOP_METRICS
-from .verdicts import COSTS, FASTER, judged, pct, worst
+from .verdicts import COSTS, FASTER, NO_COST, judged, pct, worst
 
 UNJUDGED = "not judged (the positive control was not read back)"
 
@@ -59,7 +59,9 @@ def what_to_set(record: dict[str, Any], verdict: str | None) -> str:
         return ("what to set: not FT_GRAPH_UPLOAD=auto on this model: it failed the safety check above (please "
                 "report it)")
     cost = {COSTS: "the upload costs this GPU what the line above says", FASTER: "the upload is faster here",
-            None: "the upload's cost is not judged here"}.get(verdict, "the upload costs nothing this run can name")
+            NO_COST: "the upload costs nothing beyond ±0.5% here",
+            None: "the upload's cost is not judged here"}.get(verdict, "this run cannot tell whether the upload costs "
+                                                                       "anything (its band reaches beyond ±0.5%)")
     if record["wait_case"]:
         return (f"what to set: FT_GRAPH_UPLOAD=auto (or patches/, on 0.2.1) protects every first launch without the "
                 f"upload; {cost}")
