@@ -53,9 +53,7 @@ def sensitivity(summary: dict[str, Any]) -> str:
 
 
 def what_to_set(record: dict[str, Any], verdict: str | None) -> str:
-    arms = record["summary"]["arms"]
-    auto = arms.get("auto")
-    if auto is not None and any(line.startswith("auto:") for line in failures(record)):
+    if any(line.startswith("auto:") for line in failures(record)):
         return ("what to set: not FT_GRAPH_UPLOAD=auto on this model: it failed the safety check above (please "
                 "report it)")
     cost = {COSTS: "the upload costs this GPU what the line above says", FASTER: "the upload is faster here",
