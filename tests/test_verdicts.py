@@ -286,9 +286,11 @@ def test_a_protected_arm_that_blocked_leads_the_report():
 
 def test_the_headline_takes_the_worst_size_and_says_no_cost_where_there_is_none():
     from freetoken_graphfix.bench.engine_headline import upload_cost
+    from freetoken_graphfix.bench.engine_loop_report import control_reading
 
     summary = {"control_in_loop": {}, "upload_in_loop": {"step": {"2": {"ratio": 1.0, "half": 0.001},
                                                                   "1": {"ratio": 1.02, "half": 0.002}}}}
-    assert upload_cost(summary)[1] == COSTS  # a cost at bs 1 is the line's verdict, whatever bs 2 says
+    # a cost at bs 1 is the line's verdict, whatever bs 2 says
+    assert upload_cost(summary, control_reading(summary)[2])[1] == COSTS
     clean = engine_report.render(rec(upstream=[looped(i) for i in range(3)])).splitlines()
     assert clean[1].endswith(NO_COST) and clean[3].endswith("the upload costs nothing beyond ±0.5% here")

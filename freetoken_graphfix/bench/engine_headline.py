@@ -8,16 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 from .engine import failures
-from .engine_loop_report import control_lines
+from .engine_loop_report import control_reading, judged_at
 from .loop import METRICS as LOOP_METRICS
 from .verdicts import COSTS, FASTER, NO_COST, judged, pct, worst
 
 UNJUDGED = "not judged (the positive control was not read back)"
 
 
-def safety(record: dict[str, Any]) -> str:
+def safety(record: dict[str, Any], bad: list[str]) -> str:
+    """The safety line, from ``engine.failures``'s ``bad``, with the negative control's state."""
     arms = record["summary"]["arms"]
-    bad = failures(record)
     controls = [f"{a} {'blocked' if s['fires'] else 'never blocked'}" for a, s in arms.items() if not s["protected"]]
     tail = f" (negative control: {', '.join(controls)})" if controls else ""
     if bad:
@@ -25,18 +25,17 @@ def safety(record: dict[str, Any]) -> str:
     return f"safety: every protected arm never blocked and gave {record['summary']['reference']}'s tokens{tail}"
 
 
-def upload_cost(summary: dict[str, Any]) -> tuple[str, str | None]:
+def upload_cost(summary: dict[str, Any], seen: dict[tuple[str, str], bool] | None) -> tuple[str, str | None]:
     """The upload's cost in the decode loop per metric, each bs judged only where its control was read
-    back; and the verdict over them (``None`` where nothing was judged)."""
+    back (``seen``, from ``control_reading``); and the verdict over them (``None`` where nothing was
+    judged)."""
     up = summary["upload_in_loop"]
     if not up:
         return "the upload in the decode loop: not measured (--copies 0, or an older record)", None
-    _, seen = control_lines(summary)
     parts, verdicts = [], []
     for metric, _, what in LOOP_METRICS:
         figures = []
-        for bs, f in up.get(metric, {}).items():
-            judged_here = seen is None or seen.get((metric, bs))
+        for (bs, f), judged_here in zip(up.get(metric, {}).items(), judged_at(up, metric, seen), strict=True):
             figures.append(f"bs {bs} {pct(f['ratio'], f['half'])}" + ("" if judged_here else " (not judged)"))
             if judged_here:
                 verdicts.append(judged(f["ratio"], f["half"]))
@@ -46,14 +45,8 @@ def upload_cost(summary: dict[str, Any]) -> tuple[str, str | None]:
     return f"the upload in the decode loop: {'; '.join(parts)}: {verdict or UNJUDGED}", verdict
 
 
-def sensitivity(summary: dict[str, Any]) -> str:
-    """The positive control's line, cut to what it says about this run."""
-    line = control_lines(summary)[0][0].strip()
-    return "positive control: " + line.rsplit(": ", 1)[-1] if ": " in line else line
-
-
-def what_to_set(record: dict[str, Any], verdict: str | None) -> str:
-    if any(line.startswith("auto:") for line in failures(record)):
+def what_to_set(record: dict[str, Any], bad: list[str], verdict: str | None) -> str:
+    if any(line.startswith("auto:") for line in bad):
         return ("what to set: not FT_GRAPH_UPLOAD=auto on this model: it failed the safety check above (please "
                 "report it)")
     cost = {COSTS: "the upload costs this GPU what the line above says", FASTER: "the upload is faster here",
@@ -69,6 +62,7 @@ def what_to_set(record: dict[str, Any], verdict: str | None) -> str:
 
 def headline(record: dict[str, Any]) -> list[str]:
     """The answer, at most six lines: safety, the upload's in-loop cost, the control, what to set."""
-    summary = record["summary"]
-    cost, verdict = upload_cost(summary)
-    return [safety(record), cost, sensitivity(summary), what_to_set(record, verdict)]
+    summary, bad = record["summary"], failures(record)
+    _, conclusion, seen = control_reading(summary)
+    cost, verdict = upload_cost(summary, seen)
+    return [safety(record, bad), cost, f"positive control: {conclusion}", what_to_set(record, bad, verdict)]

@@ -58,14 +58,14 @@ def own_graph_verdicts(summary: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def control_lines(summary: dict[str, Any]) -> tuple[list[str], dict[tuple[str, str], bool] | None]:
+def control_reading(summary: dict[str, Any]) -> tuple[list[str], str, dict[tuple[str, str], bool] | None]:
     """The positive control in the decode loop (a spin of known GPU time after a never-uploaded copy's
-    launch, in the same cycle): what it added and read per metric and bs, and per (metric, bs) whether
-    it was read back (``verdicts.recovered``); ``None`` where none ran (``--copies 0``, or a record
-    from before)."""
+    launch, in the same cycle): what it added and read, per metric; what that says about this run; and
+    per (metric, bs) whether it was read back (``verdicts.recovered``), ``None`` where none ran
+    (``--copies 0``, or a record from before)."""
     ctl = summary.get("control_in_loop") or {}
     if not ctl:
-        return ["  positive control: not measured (--copies 0, or a record from before the bench ran one)"], None
+        return [], "not measured (--copies 0, or a record from before the bench ran one)", None
     seen, got = {}, []
     for metric, _, what in LOOP_METRICS:
         parts = []
@@ -75,13 +75,27 @@ def control_lines(summary: dict[str, Any]) -> tuple[list[str], dict[tuple[str, s
                          + ("" if seen[metric, bs] else " (not recovered)"))
         if parts:
             got.append(f"{what} {', '.join(parts)}")
-    head = "  positive control (a spin of known GPU time after two more never-uploaded copies, in the same cycle): "
     if not any(seen.values()):
-        return [f"{head}{'; '.join(got)}: NOT recovered, so the upload is not judged"], seen
+        return got, "NOT recovered, so the upload is not judged", seen
     up = summary["upload_in_loop"]  # a process with a control figure has an upload figure at that metric and bs
     widest = max(up[metric][bs]["half"] for (metric, bs), ok in seen.items() if ok)
     tail = "recovered" if all(seen.values()) else "recovered but where marked; the upload is judged only where it was"
-    return [f"{head}{'; '.join(got)}: {tail}; this run names any cost above +{100 * widest:.2f}%"], seen
+    return got, f"{tail}; this run names any cost above +{100 * widest:.2f}%", seen
+
+
+def control_lines(summary: dict[str, Any]) -> tuple[list[str], dict[tuple[str, str], bool] | None]:
+    """The positive control's line of the detail, and ``control_reading``'s per-figure gate."""
+    got, conclusion, seen = control_reading(summary)
+    if seen is None:
+        return [f"  positive control: {conclusion}"], None
+    return [f"  positive control (a spin of known GPU time after two more never-uploaded copies, in the same "
+            f"cycle): {'; '.join(got)}: {conclusion}"], seen
+
+
+def judged_at(up: dict[str, dict[str, Any]], metric: str, seen: dict[tuple[str, str], bool] | None) -> list[bool]:
+    """Per bs of ``metric``: whether its upload figure is judged (its control read back, or no control ran);
+    a figure whose control was not read back is shown, not judged."""
+    return [seen is None or bool(seen.get((metric, bs))) for bs in up.get(metric, {})]
 
 
 def in_loop_lines(summary: dict[str, Any]) -> list[str]:
@@ -98,10 +112,9 @@ def in_loop_lines(summary: dict[str, Any]) -> list[str]:
     controls, seen = control_lines(summary)
     for metric, _, what in LOOP_METRICS:
         parts, verdicts = loop_parts(up, metric)
-        if seen is not None:  # a figure whose control was not read back is shown, not judged
-            blind = [not seen.get((metric, bs)) for bs in up.get(metric, {})]
-            parts = [p + (" (not judged)" if b else "") for p, b in zip(parts, blind, strict=True)]
-            verdicts = [v for v, b in zip(verdicts, blind, strict=True) if not b]
+        gate = judged_at(up, metric, seen)
+        parts = [p + ("" if ok else " (not judged)") for p, ok in zip(parts, gate, strict=True)]
+        verdicts = [v for v, ok in zip(verdicts, gate, strict=True) if ok]
         if parts:
             lines.append(f"  {what}: {', '.join(parts)}: {worst(verdicts) if verdicts else NOT_JUDGED}")
     lines += controls
