@@ -96,19 +96,25 @@ def test_only_shim_arms_get_the_variable(monkeypatch):
 
 
 def test_child_never_imports_the_package():
-    """The engine process must get the shim from the bootstrap alone, as a user's engine does: the
-    child script imports nothing of freetoken_graphfix, anywhere in it."""
+    """The engine process must get the shim from the bootstrap alone, as a user's engine does: no file
+    of the child imports anything of freetoken_graphfix, anywhere in it; its own modules come from its
+    directory by their top-level names."""
     import ast
 
-    tree = ast.parse(engine.CHILD.read_text())
-    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
-    imported += [("." * node.level) + (node.module or "") for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom)]
-    assert imported and not [m for m in imported if m.startswith((".", "freetoken_graphfix"))]
+    files = sorted(engine.CHILD_DIR.glob("*.py"))
+    siblings = {f.stem for f in files}
+    assert engine.CHILD in files and {"child_copies", "child_loop", "child_seams"} <= siblings
+    for path in files:
+        tree = ast.parse(path.read_text())
+        imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+        imported += [("." * node.level) + (node.module or "") for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom)]
+        assert imported and not [m for m in imported if m.startswith((".", "freetoken_graphfix"))], path.name
+    assert "child_copies" in ast.dump(ast.parse(engine.CHILD.read_text()))  # the walk sees the siblings
 
 
 def result(**over):
-    """An engine child's result line, as _engine_child.py prints it."""
+    """An engine child's result line, as the engine child prints it."""
     r = {"freetoken": "0.2.1", "table": "DiskRowTable", "wait_sync": True, "fill_worker": False, "graph_bs": [1, 2],
          "captured_waits": 2, "steps": {"prefill": 2, "decode": 0, "graph": 90}, "fires": [],
          "first_launch_ms": {"2": 0.4, "1": 0.3}, "capture_ms": [900.0], "upload_ms": [1.0, 0.9],

@@ -1,10 +1,9 @@
-"""``bench --engine``'s figures and verdicts on CPU, from engine results shaped as ``_engine_child.py``
-prints them: the upload paired inside one process's decode loop, host modes, the A/A control, the
-rules that keep a verdict to what the run supports, ``--from-json`` and ``--plot``."""
+"""``bench --engine``'s figures and verdicts on CPU, from engine results shaped as the engine child
+(``engine_child/``) prints them: the upload paired inside one process's decode loop, host modes, the
+A/A control, the rules that keep a verdict to what the run supports, ``--from-json`` and ``--plot``."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
@@ -25,11 +24,9 @@ from freetoken_graphfix.bench import (
     verdicts,
 )
 
+from .engine_child import copies as child
+from .engine_child import seams
 from .test_engine_bench import result, shim
-
-spec = importlib.util.spec_from_file_location("engine_child", engine.CHILD)
-child = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(child)  # the child's schedule itself: it imports nothing heavy at module level
 
 
 def looped(seed=0, *, step=1.02, host=0.22, upload=1.0, own=1.0, copies=4, steps=199, drift=0.0, switch=None,
@@ -406,7 +403,7 @@ class FakeDriver:
     """The CUDA driver calls make_copies makes, noted: each instantiate a new handle."""
 
     def __init__(self):
-        self.uploaded, self.launched, self.next = [], [], 100
+        self.uploaded, self.launched, self.destroyed, self.next = [], [], [], 100
 
     def instantiate(self, graph):
         self.next += 1
@@ -417,6 +414,9 @@ class FakeDriver:
 
     def launch(self, handle, stream):
         self.launched.append(handle)
+
+    def destroy(self, handle):
+        self.destroyed.append(handle)
 
 
 def test_the_copies_made_are_the_schedules_copies_and_the_engines_graph_is_not_one():
@@ -455,8 +455,10 @@ def test_a_copy_whose_first_launch_leaves_the_flag_released_stops_the_copies():
     consuming = FakeDriver()
     consuming.launch = lambda handle, s: flag.zero_()  # the WAIT consumes the release
     assert len(child.make_copies(runner, 2, flag, release, consuming)[2]) == 4
+    leaving = FakeDriver()
     with pytest.raises(RuntimeError, match="the copy's first launch left the PLE flag at 1"):
-        child.make_copies(runner, 2, flag, release, FakeDriver())
+        child.make_copies(runner, 2, flag, release, leaving)
+    assert leaving.destroyed == [101]  # the executable it made is not left behind
 
 
 def own_line(text: str, arm: str) -> str:
@@ -486,9 +488,9 @@ def test_the_copies_release_the_ple_flag_only_where_the_graphs_wait_on_it(tmp_pa
     from . import harness
 
     table = harness.make_table(harness.write_rows(tmp_path))
-    assert child.wait_flag(table) is table._flag
+    assert seams.wait_flag(table) is table._flag
     table._wait_sync = False  # FREETOKEN_PLE_SYNC=gate
-    assert child.wait_flag(table) is None and child.wait_flag(None) is None
+    assert seams.wait_flag(table) is None and seams.wait_flag(None) is None
 
 
 def test_the_decode_loop_launches_every_copy_made_for_each_size():

@@ -1,7 +1,7 @@
 """``bench --engine``: every mode in FreeToken's real offline engine, same model, #775's workload.
 
 Each arm runs the real engine (``freetoken.llm.LLM``: Scheduler, Engine, GraphRunner) in a fresh
-process (``_engine_child.py``), built from FreeToken's own ``ft serve`` options, on the synthetic
+process (``engine_child/main.py``), built from FreeToken's own ``ft serve`` options, on the synthetic
 qwen4_exp of ``model`` or the user's ``--model``. Shim arms get ``FT_GRAPH_UPLOAD`` in that
 process's environment and nothing else: the package's ``.pth`` bootstrap must bring the shim in,
 as on a user's machine. The never-uploaded arms (``pre-697``: FreeToken's upload removed, and
@@ -48,7 +48,8 @@ from .engine_stats import summarise
 from .verdicts import CONTROL_ADDED
 from .workload import build, load_tokenizer, read_text
 
-CHILD = Path(__file__).with_name("_engine_child.py")
+CHILD_DIR = Path(__file__).with_name("engine_child")
+CHILD = CHILD_DIR / "main.py"  # run by path: its own directory, first on sys.path, holds its modules
 RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
 
 

@@ -1,6 +1,6 @@
 """The upload measured inside the decode loop of one engine process, free of process noise.
 
-Each timed engine process (``_engine_child.py``) launches, step by step, its graph's own executable
+Each timed engine process (``engine_child/``) launches, step by step, its graph's own executable
 and fresh copies of the same graph, as many uploaded as never uploaded, in the engine's own slot:
 the same kernels on the same memory with the same inputs, the WAIT released by the step's own fill.
 A cycle holds one launch of each executable, a few steps apart, laid out so that each kind sits
