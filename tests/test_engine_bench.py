@@ -269,9 +269,7 @@ def test_an_engine_that_failed_shows_its_exception_not_freetokens_log(tmp_path, 
     child.write_text("import sys\nprint('INFO Start capturing CUDA graphs')\n"
                      "raise RuntimeError('instantiate() needs keep_graph')\n")
     monkeypatch.setattr(engine, "CHILD", child)
-    import argparse
-
-    res = engine.run_arm("upstream", {}, argparse.Namespace(hang_timeout=30.0), str(tmp_path), "x")
+    res = engine.run_arm("upstream", {}, 30.0, str(tmp_path), "x")
     assert res["error"].startswith("engine process exited 1: ") and res["error"].endswith(
         "RuntimeError: instantiate() needs keep_graph"), res["error"]
     assert "INFO Start capturing" in (tmp_path / "x.log").read_text()  # FreeToken's log is kept, after it

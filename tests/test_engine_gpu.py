@@ -10,12 +10,13 @@ is in ``gpu_checks``; CPU CI checks the same against the records of the last H20
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 
 import pytest
 
 from freetoken_graphfix import bootstrap
 from freetoken_graphfix.bench import arms, common, engine, engine_report, model, target
+from freetoken_graphfix.bench.settings import EngineSettings
 
 from . import gpu_checks
 from .bench_run import bench_record
@@ -36,11 +37,12 @@ def engine_record(name: str, layers: int, arm_names: list[str], tmp_path_factory
     assert bootstrap.installed_pth() is not None, (
         "freetoken-graphfix is not installed in this interpreter's site-packages: the engine processes "
         "would never get the shim (pip install . first)")
-    opts = argparse.Namespace(arms=arm_names, rounds=1, decode_steps=32, context=256, prompt_file=None, replays=50,
-                              copies=2, trace_steps=0, trace_runs=1, warmup=True, watchdog=4.0, hang_timeout=300.0)
-    vars(opts).update(over)
-    case = common.Case(target.synthetic(opts.context, opts.decode_steps, ft_args, experts), layers)
-    record = engine.engine_record(case, opts, str(tmp_path_factory.mktemp(f"engine-{layers}")))
+    settings = EngineSettings(arms=tuple(arm_names), rounds=1, decode_steps=32, context=256, prompt_file=None,
+                              replays=50, copies=2, trace_steps=0, trace_runs=1, warmup=True, watchdog=4.0,
+                              hang_timeout=300.0)
+    settings = dataclasses.replace(settings, **over)
+    case = common.Case(target.synthetic(settings.context, settings.decode_steps, ft_args, experts), layers)
+    record = engine.engine_record(case, settings, str(tmp_path_factory.mktemp(f"engine-{layers}")))
     print("\n" + engine_report.render(record))
     return keep(name, "engine", record)
 

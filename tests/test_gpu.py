@@ -122,17 +122,19 @@ def test_unknown_owner_warm_replayed(clean_shim):
 
 def test_bench_record_every_instance_measured_and_only_skip_blocked(clean_shim):
     from freetoken_graphfix.bench import cli, replay
+    from freetoken_graphfix.bench.settings import RigSettings, from_options
 
     opts = cli.parser().parse_args(["--kernels", "10000", "--streams", "1", "--instances", "2", "--reps", "10",
-                                      "--profile-reps", "0", "--watchdog", "2"])
-    record = replay.run_arms(opts)
+                                    "--profile-reps", "0", "--watchdog", "2"])
+    record = replay.run_arms(from_options(RigSettings, opts))
     gpu_checks.bench_record_every_instance_measured_and_only_skip_blocked(keep("rig-bench", "rig", record))
 
 
 def test_the_rigs_positive_control_is_recovered(clean_shim):
     from freetoken_graphfix.bench import cli, replay
+    from freetoken_graphfix.bench.settings import RigSettings, from_options
 
     opts = cli.parser().parse_args(["--reps", "50", "--profile-reps", "0"])
-    record = replay.run_arms(opts)
+    record = replay.run_arms(from_options(RigSettings, opts))
     gpu_checks.the_positive_control_is_recovered_so_the_rig_could_see_775s_cost(
         keep("rig-control", "rig", record))

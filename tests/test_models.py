@@ -264,9 +264,9 @@ def test_freetoken_options_follow_the_synthetic_models_own_and_replace_them(tmp_
     own, ft_args = cli.split_freetoken_args(["--engine", "--layers", "8", "--", "--moe-strategy", "offload",
                                              "--moe-collect-stats"])
     opts = cli.parser().parse_args(own)
-    assert cli.early_checks(opts, ft_args) is None and cli.prepare_models(opts, ft_args) is None
-    (case,) = opts.cases
-    assert case.layers == 8 and case.target.synthetic and case.target.expects_wait
+    assert cli.early_checks(opts, ft_args) is None
+    (case,), why = cli.prepare_models(opts, ft_args)
+    assert why is None and case.layers == 8 and case.target.synthetic and case.target.expects_wait
     model.write_synthetic_config(str(tmp_path), 8)
     args = target.parse_freetoken_args(str(tmp_path), list(case.target.ft_args))
     assert (args.moe_strategy, args.moe_collect_stats, args.ple_backend) == ("offload", True, "disk")
@@ -277,9 +277,9 @@ def test_nvfp4_experts_reach_the_synthetic_case():
     own, ft_args = cli.split_freetoken_args(["--engine", "--layers", "320", "--experts", "nvfp4", "--",
                                              "--moe-strategy", "hybrid"])
     opts = cli.parser().parse_args(own)
-    assert cli.early_checks(opts, ft_args) is None and cli.prepare_models(opts, ft_args) is None
-    (case,) = opts.cases
-    assert (case.target.experts, case.label) == ("nvfp4", "320 layers nvfp4")
+    assert cli.early_checks(opts, ft_args) is None
+    (case,), why = cli.prepare_models(opts, ft_args)
+    assert why is None and (case.target.experts, case.label) == ("nvfp4", "320 layers nvfp4")
     assert "NVFP4 experts, ModelOpt safetensors" in case.target.describe()
 
 

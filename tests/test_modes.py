@@ -114,3 +114,30 @@ def test_the_rigs_refusal_has_the_same_prefix_as_every_other(capsys, monkeypatch
     monkeypatch.setattr(cli, "cuda_missing", lambda: "no CUDA device; nothing to measure")
     assert cli.main([]) == 1
     assert capsys.readouterr().err == "python -m freetoken_graphfix bench: error: no CUDA device; nothing to measure\n"
+
+
+def test_each_mode_reads_typed_settings_built_from_the_parsers_own_options():
+    """Every field of every mode's settings is an option of the parser (so the CLI boundary builds each
+    from the parsed options, with the parser's defaults), and no module below the CLI imports argparse:
+    the option types (common) and the CLI's own checks (cli, modes) alone."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from freetoken_graphfix.bench import settings
+
+    opts = cli.parser().parse_args([])
+    opts.command = "bench"
+    for cls in (settings.Outputs, settings.RigSettings, settings.DeadlockSettings, settings.ProbeSettings,
+                settings.EngineSettings, settings.ServeSettings):
+        built = settings.from_options(cls, opts, **({"arms": ("upstream",)} if "arms" in
+                                                    {f.name for f in dataclasses.fields(cls)} else {}))
+        assert all(not isinstance(getattr(built, f.name), list) for f in dataclasses.fields(cls)), built
+    assert settings.from_options(settings.RigSettings, opts).batch_sizes == (1, 2)
+    bench = Path(cli.__file__).parent
+    importers = set()
+    for path in bench.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names):
+                importers.add(path.name)
+    assert importers == {"cli.py", "modes.py", "common.py", "settings.py"}

@@ -17,7 +17,7 @@ from . import engine, model, nsys, serve
 from .common import (
     ERR,
     OK,
-    cases,
+    Case,
     check_writable,
     environment,
     non_negative,
@@ -30,6 +30,15 @@ from .deadlock import deadlock_matrix, probe
 from .modes import misplaced, what_runs
 from .replay import STRATEGIES, gaps_child, run_arms
 from .report import markdown, plot, render
+from .settings import (
+    DeadlockSettings,
+    EngineSettings,
+    Outputs,
+    ProbeSettings,
+    RigSettings,
+    ServeSettings,
+    from_options,
+)
 from .startup import startup
 from .workload import DEFAULT_CONTEXT, DEFAULT_STEPS
 
@@ -168,9 +177,11 @@ def cuda_missing() -> str | None:
     return "no CUDA device; nothing to measure (use --startup for the start-up benchmark)"
 
 
-def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
-    """Resolve ``--model`` (through FreeToken's own parser) and the workload; why not, in one line."""
-    from .target import TargetError, from_model, parse_freetoken_args, synthetic_args
+def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> tuple[list[Case], str | None]:
+    """The cases to run: ``--model`` resolved through FreeToken's own parser, else the synthetic model at
+    each ``--layers`` (48 by default) with the options after ``--``; and the workload checked against
+    them. No cases and why not, in one line, where they cannot run."""
+    from .target import TargetError, from_model, parse_freetoken_args, synthetic, synthetic_args
     from .workload import build, check, read_text, tokenizer_of
 
     try:
@@ -183,13 +194,14 @@ def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
                 build(tokenizer_of(folder), opts.context, text)  # the prompts fit (built again per case)
         else:
             build(tokenizer_of(opts.model), opts.context, text)
-        opts.target = from_model(opts.model, ft_args) if opts.model is not None else None
-        check(opts.context, opts.decode_steps, opts.target.max_positions if opts.target else None)
+        target = from_model(opts.model, ft_args) if opts.model is not None else None
+        check(opts.context, opts.decode_steps, target.max_positions if target else None)
     except (TargetError, ValueError) as exc:
-        return str(exc)
-    opts.layers = opts.layers or [48]
-    opts.cases = cases(opts, ft_args)
-    return None
+        return [], str(exc)
+    if target is not None and not target.synthetic:
+        return [Case(target, None)], None
+    return [Case(synthetic(opts.context, opts.decode_steps, ft_args, opts.experts), layers)
+            for layers in opts.layers or [48]], None
 
 
 def logs_unusable(logs: str | None) -> str | None:
@@ -237,7 +249,7 @@ def from_json(opts: argparse.Namespace, prog: str) -> int:
                   "--engine records", file=sys.stderr)
             return ERR
         markdown = functools.partial(saved.markdown, verbose=True)
-    written = write_outputs(opts, saved.record, markdown, saved.plot)
+    written = write_outputs(from_options(Outputs, opts), saved.record, markdown, saved.plot)
     return ERR if not written or saved.failed() else OK
 
 
@@ -269,7 +281,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfi
     if opts.startup:
         record, text = startup(opts.startup_runs)
         print(text)
-        return OK if write_outputs(opts, record) else ERR
+        return OK if write_outputs(from_options(Outputs, opts), record) else ERR
     try:
         return run(opts, ft_args, prog, ap)
     except ModuleNotFoundError as exc:  # bench's own needs (FreeToken, its tokenizer...): one line, not a traceback
@@ -284,7 +296,8 @@ INSTALL_HINT = {"freetoken": "freetoken (the release to measure)", "openai": "'f
 
 
 def run(opts: argparse.Namespace, ft_args: list[str], prog: str, ap: argparse.ArgumentParser) -> int:
-    """The benchmark the options select, once they passed every check that needs no GPU."""
+    """The benchmark the options select, once they passed every check that needs no GPU; each reads
+    its own settings (``settings``), built here."""
     if opts.write_model is not None:
         if opts.layers and len(opts.layers) > 1:
             ap.error(f"--layers {' '.join(map(str, opts.layers))}: --write-model writes one model; accepted values "
@@ -296,39 +309,50 @@ def run(opts: argparse.Namespace, ft_args: list[str], prog: str, ap: argparse.Ar
             ap.error(str(exc))
         return OK
     if opts.engine or opts.serve:
-        why = (early_checks(opts, ft_args) or cuda_missing() or prepare_models(opts, ft_args)
-               or (serve.openai_missing() if opts.serve else None))
-        if why:
-            print(f"{prog}: error: {why}", file=sys.stderr)
-            return ERR
-    else:
-        why = cuda_missing()
-        if why:
-            print(f"{prog}: error: {why}", file=sys.stderr)
-            return ERR
-    if opts.engine:
-        from .engine_plot import plot as engine_plot
-        from .engine_report import markdown as engine_markdown
-        from .engine_report import render as engine_render
-
-        opts.arms = opts.arms or engine.default_arms(any(c.target.expects_wait for c in opts.cases))
-        return run_cases(opts, "engine", engine.engine_record, engine_render, lambda r: bool(engine.failures(r)),
-                         functools.partial(engine_markdown, verbose=opts.verbose), engine_plot)
-    if opts.serve:
-        opts.arms = opts.serve_arms or list(serve.DEFAULT_ARMS)
-        return run_cases(opts, "serve", serve.serve_record, serve.render, lambda r: any(r["problems"].values()))
+        return run_models(opts, ft_args, prog)
+    why = cuda_missing()
+    if why:
+        print(f"{prog}: error: {why}", file=sys.stderr)
+        return ERR
+    outputs = from_options(Outputs, opts)
     if opts.probe:
-        print(json.dumps(probe(opts)))
+        print(json.dumps(probe(from_options(ProbeSettings, opts))))
         return OK
     if opts.gaps_child:
-        return gaps_child(opts)
+        return gaps_child(from_options(RigSettings, opts), opts.gaps_child)
     if opts.deadlock:
-        rows, text = deadlock_matrix(opts)
+        rows, text = deadlock_matrix(from_options(DeadlockSettings, opts))
         print(text)
         protected = [r for r in rows if r["strategy"] != "skip"]
         failed = any(r.get("error") or r.get("blocked") for r in protected)
-        return ERR if not write_outputs(opts, {"env": environment(), "probes": rows}) or failed else OK
-    record = run_arms(opts)
+        return ERR if not write_outputs(outputs, {"env": environment(), "probes": rows}) or failed else OK
+    record = run_arms(from_options(RigSettings, opts))
     record["command"] = opts.command
     print(render(record))
-    return OK if write_outputs(opts, record, markdown, plot) else ERR
+    return OK if write_outputs(outputs, record, markdown, plot) else ERR
+
+
+def run_models(opts: argparse.Namespace, ft_args: list[str], prog: str) -> int:
+    """``--engine`` or ``--serve`` over the cases the models give, after the checks that need FreeToken."""
+    why = early_checks(opts, ft_args) or cuda_missing()
+    cases: list[Case] = []
+    if not why:
+        cases, why = prepare_models(opts, ft_args)
+    why = why or (serve.openai_missing() if opts.serve else None)
+    if why:
+        print(f"{prog}: error: {why}", file=sys.stderr)
+        return ERR
+    outputs = from_options(Outputs, opts)
+    if opts.serve:
+        settings = from_options(ServeSettings, opts, arms=tuple(opts.serve_arms or serve.DEFAULT_ARMS))
+        return run_cases(cases, settings, opts.logs, outputs, "serve", serve.serve_record, serve.render,
+                         lambda r: any(r["problems"].values()))
+    from .engine_plot import plot as engine_plot
+    from .engine_report import markdown as engine_markdown
+    from .engine_report import render as engine_render
+
+    arms = opts.arms or engine.default_arms(any(c.target.expects_wait for c in cases))
+    settings = from_options(EngineSettings, opts, arms=tuple(arms))
+    return run_cases(cases, settings, opts.logs, outputs, "engine", engine.engine_record, engine_render,
+                     lambda r: bool(engine.failures(r)), functools.partial(engine_markdown, verbose=opts.verbose),
+                     engine_plot)

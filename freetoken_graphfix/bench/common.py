@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any, TypeVar
 
-from .target import Target, synthetic
+from .settings import Outputs
+from .target import Target
 
 OK, ERR = 0, 1
 T = TypeVar("T")
@@ -156,41 +157,33 @@ class Case:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def cases(opts: argparse.Namespace, ft_args: list[str]) -> list[Case]:
-    """``--model``'s one case, else the synthetic model at each ``--layers`` with the FreeToken options
-    after ``--`` (what the CLI's early checks refused already, before FreeToken was imported)."""
-    if opts.target is not None and not opts.target.synthetic:
-        return [Case(opts.target, None)]
-    return [Case(synthetic(opts.context, opts.decode_steps, ft_args, opts.experts), layers) for layers in opts.layers]
-
-
-def run_cases(opts: argparse.Namespace, name: str, record: Callable[[Case, argparse.Namespace, str], dict],
-              render: Callable[[dict], str], failed: Callable[[dict], bool],
+def run_cases(cases: list[Case], settings: Any, logs: str | None, outputs: Outputs, name: str,
+              record: Callable[[Case, Any, str], dict], render: Callable[[dict], str], failed: Callable[[dict], bool],
               markdown: Callable[[list[dict]], str] | None = None,
               plot: Callable[[list[dict], str], str] | None = None) -> int:
-    """``bench --engine`` and ``--serve`` over ``opts.cases`` (the CLI refused bad input before): one
-    record per case with its processes' logs kept, ``--json``, ``--markdown``, ``--plot``, the tables;
-    exit 1 when one failed."""
-    log_dir = opts.logs or tempfile.mkdtemp(prefix=f"graphfix-{name}-")
+    """``bench --engine`` and ``--serve`` over ``cases`` (the CLI refused bad input before): one record
+    per case, ``record(case, settings, log_dir)``, with its processes' logs kept under ``logs`` (default:
+    a new temporary directory), the outputs, the tables; exit 1 when one failed."""
+    log_dir = logs or tempfile.mkdtemp(prefix=f"graphfix-{name}-")
     os.makedirs(log_dir, exist_ok=True)
-    records = [record(case, opts, log_dir) for case in opts.cases]
+    records = [record(case, settings, log_dir) for case in cases]
     for rec in records:
         print(render(rec) + "\n")
-    written = write_outputs(opts, records, markdown, plot)
+    written = write_outputs(outputs, records, markdown, plot)
     print(f"{name} logs: {log_dir}")
     return ERR if not written or any(failed(rec) for rec in records) else OK
 
 
-def write_outputs(opts: argparse.Namespace, record: Any, markdown: Callable[[Any], str] | None = None,
+def write_outputs(outputs: Outputs, record: Any, markdown: Callable[[Any], str] | None = None,
                   plot: Callable[[Any, str], str] | None = None) -> bool:
     """``--json``, ``--markdown`` and ``--plot`` of a finished run, after its results were printed: a file
     that cannot be written after all is one line on stderr, and the others are still written."""
     ok = True
-    jobs = [("--json", opts.json, lambda path: write_json(path, record))]
+    jobs = [("--json", outputs.json, lambda path: write_json(path, record))]
     if markdown is not None:
-        jobs.append(("--markdown", opts.markdown, lambda path: write_text(path, markdown(record))))
+        jobs.append(("--markdown", outputs.markdown, lambda path: write_text(path, markdown(record))))
     if plot is not None:
-        jobs.append(("--plot", opts.plot, lambda path: print(plot(record, path))))
+        jobs.append(("--plot", outputs.plot, lambda path: print(plot(record, path))))
     for option, path, job in jobs:
         if path:
             try:

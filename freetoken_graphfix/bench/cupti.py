@@ -13,7 +13,6 @@ graphs captured earlier go untraced).
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
 import os
@@ -24,6 +23,7 @@ import tempfile
 from typing import Any
 
 from .common import last_stderr_line, rotated
+from .settings import RigSettings
 
 
 def kernel_records(trace_file: str) -> list[dict[str, Any]]:
@@ -156,13 +156,16 @@ def kernel_gaps(trace_file: str, launches: list[str],
     return gaps, note
 
 
-def gaps_from_child(opts: argparse.Namespace) -> tuple[dict[str, Any], str]:
+def gaps_from_child(settings: RigSettings) -> tuple[dict[str, Any], str]:
+    """The rig's inter-kernel gaps, traced in a fresh process (``replay.gaps_child``): CUPTI initialised
+    before the capture, never in the timing process."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "gaps.json")
         cmd = [sys.executable, "-m", "freetoken_graphfix", "bench", "--gaps-child", out,
-               "--kernels", str(opts.kernels), "--streams", str(opts.streams), "--instances", "1", "--profile-reps",
-               str(opts.profile_reps), "--batch-sizes", *map(str, opts.batch_sizes), "--strategies",
-               *opts.strategies, *(["--no-wait"] if opts.no_wait else []), *(["--h2d"] if opts.h2d else [])]
+               "--kernels", str(settings.kernels), "--streams", str(settings.streams), "--instances", "1",
+               "--profile-reps", str(settings.profile_reps), "--batch-sizes", *map(str, settings.batch_sizes),
+               "--strategies", *settings.strategies, *(["--no-wait"] if settings.no_wait else []),
+               *(["--h2d"] if settings.h2d else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                               env={**os.environ, "FT_GRAPH_UPLOAD": "off"})  # the child installs per arm
         if proc.returncode != 0 or not os.path.exists(out):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -14,24 +13,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from .common import last_stderr_line, progress
+from .settings import DeadlockSettings, ProbeSettings
 
 
-def probe(opts: argparse.Namespace) -> dict[str, Any]:
+def probe(settings: ProbeSettings) -> dict[str, Any]:
     """One case: capture one graph (head WAIT + kernels) with ``strategy``, then its first launch
     in FreeToken's serving order with a watchdog. Printed as one JSON line."""
     from .. import hooks
     from .rig import Rig
 
-    rig = Rig(kernels=opts.kernels, streams=opts.streams, wait=True)
+    rig = Rig(kernels=settings.kernels, streams=settings.streams, wait=True)
     hooks.uninstall()  # importing the package armed the environment's mode
-    hooks.install(opts.strategy)
+    hooks.install(settings.strategy)
     t0 = time.perf_counter()
     runner = rig.capture((1,))
     capture_s = time.perf_counter() - t0
-    first = rig.step(runner, 1, seed=1, watchdog_s=opts.watchdog)
-    later = rig.step(runner, 1, seed=2, watchdog_s=opts.watchdog)
+    first = rig.step(runner, 1, seed=1, watchdog_s=settings.watchdog)
+    later = rig.step(runner, 1, seed=2, watchdog_s=settings.watchdog)
     graph = hooks.status()["passes"][-1]["graphs"][0]
-    return {"strategy": opts.strategy, "kernels": opts.kernels, "streams": opts.streams,
+    return {"strategy": settings.strategy, "kernels": settings.kernels, "streams": settings.streams,
             "first_launch_ms": first.launch_ms, "blocked": first.fired, "second_blocked": later.fired,
             "capture_s": capture_s, "action": graph["action"], "hook_ms": graph["hook_ms"]}
 
@@ -49,23 +49,23 @@ def run_case(kernels: int, streams: int, arm: str, watchdog: float, log: Any = N
         return {"strategy": arm, "kernels": kernels, "streams": streams, "error": last_stderr_line(proc)}
 
 
-def deadlock_matrix(opts: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
-    """Every (kernels, streams, strategy) case in its own process, ``opts.jobs`` at a time. A blocked
+def deadlock_matrix(settings: DeadlockSettings) -> tuple[list[dict[str, Any]], str]:
+    """Every (kernels, streams, strategy) case in its own process, ``settings.jobs`` at a time. A blocked
     case shows as a launch the watchdog released, so concurrent cases cannot hide one; their
     first-launch times are less precise than in a sequential run."""
     def case(spec: tuple[int, int, str]) -> dict[str, Any]:
-        row = run_case(*spec, opts.watchdog)
+        row = run_case(*spec, settings.watchdog)
         print("probe", json.dumps(row), file=sys.stderr, flush=True)
         return row
 
-    cases = [(k, s, arm) for k in opts.matrix_kernels for s in (1, 4) for arm in opts.strategies]
-    with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
+    cases = [(k, s, arm) for k in settings.matrix_kernels for s in (1, 4) for arm in settings.strategies]
+    with ThreadPoolExecutor(max_workers=settings.jobs) as pool:
         rows = list(progress(pool.map(case, cases), len(cases), "deadlock probes"))
-    lines = [f"{'kernels':>8} {'streams':>7} " + " ".join(f"{a:>16}" for a in opts.strategies)]
-    for kernels in opts.matrix_kernels:
+    lines = [f"{'kernels':>8} {'streams':>7} " + " ".join(f"{a:>16}" for a in settings.strategies)]
+    for kernels in settings.matrix_kernels:
         for streams in (1, 4):
             cells = []
-            for arm in opts.strategies:
+            for arm in settings.strategies:
                 r = next(r for r in rows if (r["kernels"], r["streams"], r["strategy"]) == (kernels, streams, arm))
                 cells.append("error" if "error" in r else
                              f"blocked ({r['first_launch_ms']:.0f} ms)" if r["blocked"] else

@@ -21,7 +21,6 @@ is ever traced.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -45,6 +44,7 @@ from .arms import (
 from .common import Case, environment, non_negative, positive, progress, rotated, seconds
 from .cupti import decode_timeline
 from .engine_stats import summarise
+from .settings import EngineSettings
 from .verdicts import CONTROL_ADDED
 from .workload import build, load_tokenizer, read_text
 
@@ -53,9 +53,10 @@ CHILD = CHILD_DIR / "main.py"  # run by path: its own directory, first on sys.pa
 RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
 
 
-def run_arm(arm: str, spec: dict[str, Any], opts: argparse.Namespace, log_dir: str, label: str,
+def run_arm(arm: str, spec: dict[str, Any], hang_timeout: float, log_dir: str, label: str,
             patched: str | None = None) -> dict[str, Any]:
-    """One engine process for ``arm``; its result line, or the error and the tail of its log."""
+    """One engine process for ``arm``, killed ``hang_timeout`` s after its own faulthandler exit was due;
+    its result line, or the error and the tail of its log."""
     spec = dict(spec, no_upload=arm == "pre-697")
     spec_path = os.path.join(log_dir, f"{label}.spec.json")
     with open(spec_path, "w") as fh:
@@ -64,7 +65,7 @@ def run_arm(arm: str, spec: dict[str, Any], opts: argparse.Namespace, log_dir: s
     with open(log_path, "w") as log:
         try:
             proc = subprocess.run([sys.executable, str(CHILD), spec_path], stdout=subprocess.PIPE, stderr=log,
-                                  text=True, env=arm_env(arm, patched), timeout=opts.hang_timeout + 60)
+                                  text=True, env=arm_env(arm, patched), timeout=hang_timeout + 60)
             code, stdout, why = proc.returncode, proc.stdout, f"engine process exited {proc.returncode}"
         except subprocess.TimeoutExpired as exc:  # the child's own faulthandler exit did not fire
             code, stdout, why = None, "", f"engine process killed after {exc.timeout:.0f} s"
@@ -134,46 +135,46 @@ def wait_case_of(runs: dict[str, list[dict[str, Any]]]) -> bool:
     return any(holds_wait(r) for arm, rs in runs.items() if arm != GATE for r in rs if "error" not in r)
 
 
-def engine_record(case: Case, opts: argparse.Namespace, log_dir: str) -> dict[str, Any]:
-    """Run every arm on ``case``'s model, ``opts.rounds`` times in rotated order, then ``opts.trace_runs``
+def engine_record(case: Case, settings: EngineSettings, log_dir: str) -> dict[str, Any]:
+    """Run every arm on ``case``'s model, ``settings.rounds`` times in rotated order, then ``settings.trace_runs``
     more per arm traced (never more than the rounds). An unrecorded warm-up run goes first: the first
     engine on a machine compiles FreeToken's triton and JIT kernels into their caches, and no arm
     should pay for that."""
-    patched = patched_freetoken(opts.arms, log_dir)
-    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in opts.arms}
-    traced: dict[str, list[dict[str, Any]]] = {arm: [] for arm in opts.arms}
+    patched = patched_freetoken(settings.arms, log_dir)
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in settings.arms}
+    traced: dict[str, list[dict[str, Any]]] = {arm: [] for arm in settings.arms}
     name = case.label.replace(" ", "")
     with case.model_dir(log_dir) as model_dir:
-        prompts = build(load_tokenizer(model_dir), opts.context, read_text(opts.prompt_file))
-        spec = {"model_dir": model_dir, "ft_args": list(case.target.ft_args), "decode_steps": opts.decode_steps,
+        prompts = build(load_tokenizer(model_dir), settings.context, read_text(settings.prompt_file))
+        spec = {"model_dir": model_dir, "ft_args": list(case.target.ft_args), "decode_steps": settings.decode_steps,
                 "prompts": {p.name: p.ids for p in prompts.values()}, "pair": case.target.max_running >= 2,
-                "replays": opts.replays, "copies": opts.copies, "control": CONTROL_ADDED if opts.copies else 0,
-                "watchdog_s": opts.watchdog,
-                "hang_timeout_s": opts.hang_timeout}
-        if opts.warmup:  # the patched copy is another path: its JIT kernels may be compiled again
+                "replays": settings.replays, "copies": settings.copies,
+                "control": CONTROL_ADDED if settings.copies else 0, "watchdog_s": settings.watchdog,
+                "hang_timeout_s": settings.hang_timeout}
+        if settings.warmup:  # the patched copy is another path: its JIT kernels may be compiled again
             for arm in ("upstream", *(["patched"] if patched else [])):
-                warm = run_arm(arm, spec, opts, log_dir, f"{name}-warmup-{arm}", patched)
+                warm = run_arm(arm, spec, settings.hang_timeout, log_dir, f"{name}-warmup-{arm}", patched)
                 print(f"engine {case.label} warm-up run ({arm}): {one_line(warm)}", file=sys.stderr, flush=True)
-        trace_runs = min(opts.trace_runs, opts.rounds) if opts.trace_steps else 0
-        order = [(r, arm, False) for r in range(opts.rounds) for arm in rotated(opts.arms, r)]
-        order += [(r, arm, True) for r in range(trace_runs) for arm in rotated(opts.arms, r)]
+        trace_runs = min(settings.trace_runs, settings.rounds) if settings.trace_steps else 0
+        order = [(r, arm, False) for r in range(settings.rounds) for arm in rotated(settings.arms, r)]
+        order += [(r, arm, True) for r in range(trace_runs) for arm in rotated(settings.arms, r)]
         for rnd, arm, is_traced in progress(order, len(order), f"engine arms ({case.label})"):
             label = f"{name}-{arm}-" + (f"traced{rnd}" if is_traced else f"r{rnd}")
             if is_traced:
                 path = os.path.join(log_dir, f"{label}.trace.json")
-                res = run_arm(arm, dict(spec, trace={"path": path, "steps": opts.trace_steps}), opts, log_dir,
-                              label, patched)
+                spec_traced = dict(spec, trace={"path": path, "steps": settings.trace_steps})
+                res = run_arm(arm, spec_traced, settings.hang_timeout, log_dir, label, patched)
                 traced[arm].append(timeline_of(res, path))
             else:
-                res = run_arm(arm, spec, opts, log_dir, label, patched)
+                res = run_arm(arm, spec, settings.hang_timeout, log_dir, label, patched)
                 runs[arm].append(res)
             print(f"engine {case.label} {label}: {one_line(res)}", file=sys.stderr, flush=True)
     env = environment()
     env.pop("freetoken", None)  # reported by the engine processes themselves
     return {"model": case.target.describe(), "label": case.label, "layers": case.layers,
-            "ft_args": list(case.target.ft_args), "context": opts.context, "decode_steps": opts.decode_steps,
-            "rounds": opts.rounds, "copies": opts.copies, "env": env, "expects_wait": case.target.expects_wait,
-            "runs": runs, "traced": traced, "command": getattr(opts, "command", ""),
+            "ft_args": list(case.target.ft_args), "context": settings.context, "decode_steps": settings.decode_steps,
+            "rounds": settings.rounds, "copies": settings.copies, "env": env, "expects_wait": case.target.expects_wait,
+            "runs": runs, "traced": traced, "command": settings.command,
             **judge(runs, traced, case.target.expects_wait)}
 
 

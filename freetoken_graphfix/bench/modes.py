@@ -1,5 +1,7 @@
 """Which benchmark a ``bench`` command line selects, and the options each one reads: an option given
-to a benchmark that would ignore it is refused in one line before anything runs, never dropped."""
+to a benchmark that would ignore it is refused in one line before anything runs, never dropped.
+Part of the CLI boundary, beside ``cli``: the one place below it that reads the parsed namespace, to
+check it; the modes themselves read their ``settings``."""
 
 from __future__ import annotations
 

@@ -5,24 +5,25 @@ measured by exactly the same schedule, which shows what cost this run could have
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
+from dataclasses import asdict
 from typing import Any
 
 from . import spin
 from .common import OK, environment, progress, rotated
 from .cupti import gaps_from_child, profile_gaps
+from .settings import RigSettings
 from .stats import CONTROL, summary
 from .verdicts import CONTROL_ADDED
 
 STRATEGIES = ("upload", "skip", "warm", "deferred", "auto")
 
 
-def build_arms(opts: argparse.Namespace, control: bool = False
+def build_arms(settings: RigSettings, control: bool = False
                ) -> tuple[Any, dict[tuple[str, int], Any], dict[str, dict[str, Any]], dict[str, Any] | None]:
-    """Capture ``opts.instances`` runners per strategy through the shim and launch each graph the way
+    """Capture ``settings.instances`` runners per strategy through the shim and launch each graph the way
     FreeToken does (first launch, then a check step whose logits every arm must share with ``upload``);
     with ``control`` (and ``skip`` among the strategies), the positive control's arm as well, and its
     spin's calibration.
@@ -35,8 +36,8 @@ def build_arms(opts: argparse.Namespace, control: bool = False
     from .. import hooks
     from .rig import Rig
 
-    rig = Rig(kernels=opts.kernels, streams=opts.streams, wait=not opts.no_wait, h2d=opts.h2d)
-    bs_list = tuple(sorted(opts.batch_sizes, reverse=True))
+    rig = Rig(kernels=settings.kernels, streams=settings.streams, wait=not settings.no_wait, h2d=settings.h2d)
+    bs_list = tuple(sorted(settings.batch_sizes, reverse=True))
     arms: dict[str, dict[str, Any]] = {}
     runners: dict[tuple[str, int], Any] = {}
     logits: dict[str, list[dict[int, Any]]] = {}
@@ -46,8 +47,8 @@ def build_arms(opts: argparse.Namespace, control: bool = False
         hooks.install(mode)
         rec = arms[name] = {"capture_s": [], "graphs": {},
                             "first_launch": {str(bs): {"launch_ms": [], "blocked": []} for bs in bs_list},
-                            "replay_us": {str(bs): [[] for _ in range(opts.instances)] for bs in bs_list}}
-        for i in range(opts.instances):
+                            "replay_us": {str(bs): [[] for _ in range(settings.instances)] for bs in bs_list}}
+        for i in range(settings.instances):
             t0 = time.perf_counter()
             runner = runners[name, i] = rig.capture(bs_list)
             rec["capture_s"].append(time.perf_counter() - t0)
@@ -56,17 +57,18 @@ def build_arms(opts: argparse.Namespace, control: bool = False
                 graph["action"].append(g["action"])
                 graph["hook_ms"].append(g["hook_ms"])
             for bs in bs_list:
-                first = rig.step(runner, bs, seed=bs, watchdog_s=opts.watchdog)
+                first = rig.step(runner, bs, seed=bs, watchdog_s=settings.watchdog)
                 rec["first_launch"][str(bs)]["launch_ms"].append(first.launch_ms)
                 rec["first_launch"][str(bs)]["blocked"].append(first.fired)
             logits.setdefault(name, []).append(
-                {bs: rig.step(runner, bs, seed=1000 + bs, watchdog_s=opts.watchdog).logits for bs in bs_list})
+                {bs: rig.step(runner, bs, seed=1000 + bs, watchdog_s=settings.watchdog).logits for bs in bs_list})
 
-    for arm in opts.strategies:
+    for arm in settings.strategies:
         capture(arm, arm)
     calibration = None
-    if control and "skip" in opts.strategies:
-        step_us = statistics.median(replay_times(rig, runners, [("skip", i) for i in range(opts.instances)], bs_list))
+    if control and "skip" in settings.strategies:
+        skip = [("skip", i) for i in range(settings.instances)]
+        step_us = statistics.median(replay_times(rig, runners, skip, bs_list))
         calibration = spin.calibrate(CONTROL_ADDED * step_us, rig.stream)
         rig.model.spin_cycles = calibration["spin_cycles"]
         capture(CONTROL, "skip")  # never uploaded, exactly as skip's graphs, plus the spin
@@ -129,13 +131,13 @@ def timed_launcher(rig: Any, runners: dict[tuple[str, int], Any]) -> Any:
     return timed
 
 
-def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
+def run_arms(settings: RigSettings) -> dict[str, Any]:
     """The replay-cost record: every instance of every arm captured and launched, then interleaved
     timed replays. CUPTI is never initialised in this process (it slows and spreads every replay);
     the gaps come from a child process that captures the same arms under the profiler."""
     import torch
 
-    rig, runners, arms, calibration = build_arms(opts, control=True)
+    rig, runners, arms, calibration = build_arms(settings, control=True)
     keys, stream = list(runners), rig.stream
     bs_list = sorted(map(int, next(iter(arms.values()))["replay_us"]), reverse=True)
     launch, timed = launcher(rig, runners), timed_launcher(rig, runners)
@@ -145,16 +147,17 @@ def run_arms(opts: argparse.Namespace) -> dict[str, Any]:
                 for _ in range(3):
                     launch(arm, i, bs)
                     stream.synchronize()
-        for rep in progress(range(opts.reps), opts.reps, "interleaved replays"):
+        for rep in progress(range(settings.reps), settings.reps, "interleaved replays"):
             for arm, i in rotated(keys, rep):
                 for bs in bs_list:
                     arms[arm]["replay_us"][str(bs)][i].append(timed(arm, i, bs))
     record = {"env": environment(),
-              "config": {k: v for k, v in vars(opts).items() if k not in ("json", "plot", "markdown")},
+              "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(settings).items()},
               "arms": arms, "host_overhead": host_overhead(rig, runners.get(("auto", 0)) or runners[keys[0]])}
     if calibration is not None:
         record["control"] = calibration
-    gaps, record["gaps_note"] = gaps_from_child(opts) if opts.profile_reps else ({}, "not traced (--profile-reps 0)")
+    gaps, record["gaps_note"] = (gaps_from_child(settings) if settings.profile_reps
+                                 else ({}, "not traced (--profile-reps 0)"))
     for arm in arms:
         arms[arm]["gaps_us"] = gaps.get(arm, {})
     return record
@@ -222,16 +225,16 @@ def armed_hook_cost(calls: int = 20000) -> float:
     return 1e6 * (armed - plain) / calls
 
 
-def gaps_child(opts: argparse.Namespace) -> int:
-    """In a fresh process: initialise CUPTI, capture the arms, trace replays, write the gaps."""
+def gaps_child(settings: RigSettings, path: str) -> int:
+    """In a fresh process: initialise CUPTI, capture the arms, trace replays, write the gaps to ``path``."""
     from torch.profiler import _utils
 
     # CUPTI must be initialised before graphs are captured, or their kernels go untraced (PyTorch #75504)
     _utils._init_for_cuda_graphs()
-    rig, runners, arms, _ = build_arms(opts)
-    bs = max(opts.batch_sizes)
+    rig, runners, arms, _ = build_arms(settings)
+    bs = max(settings.batch_sizes)
     launch = launcher(rig, runners)
-    gaps, note = profile_gaps(list(arms), bs, lambda arm, bs: launch(arm, 0, bs), rig.stream, opts.profile_reps)
-    with open(opts.gaps_child, "w") as fh:
+    gaps, note = profile_gaps(list(arms), bs, lambda arm, bs: launch(arm, 0, bs), rig.stream, settings.profile_reps)
+    with open(path, "w") as fh:
         json.dump({"gaps": gaps, "note": note + f" (bs {bs})"}, fh)
     return OK

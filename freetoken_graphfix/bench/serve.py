@@ -13,7 +13,6 @@ to three quarters of the KV pages, the same again, ``GET /v1/cache/status``; and
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -32,6 +31,7 @@ from typing import Any
 
 from .arms import PATCHED_ARMS, SHIM_ARMS, arm_env, patched_freetoken
 from .common import Case, environment, seconds
+from .settings import ServeSettings
 from .workload import PAIR, SINGLE, build, load_tokenizer, read_text
 
 ARMS = ("upstream", *SHIM_ARMS, *PATCHED_ARMS)
@@ -145,7 +145,7 @@ def group_members(group: int) -> list[int]:
     return members
 
 
-def run_arm(arm: str, model_dir: str, ft_args: list[str], texts: dict[str, str], opts: argparse.Namespace,
+def run_arm(arm: str, model_dir: str, ft_args: list[str], texts: dict[str, str], settings: ServeSettings,
             log_dir: str, patched: str | None) -> dict[str, Any]:
     """One server for ``arm``, the request sequence, the stop; every figure of it."""
     import openai
@@ -155,25 +155,26 @@ def run_arm(arm: str, model_dir: str, ft_args: list[str], texts: dict[str, str],
     base = f"http://127.0.0.1:{port}"
     rec: dict[str, Any] = {"arm": arm, "log": log_path, "requests": [], "hung": 0}
     try:
-        rec["ready_s"] = wait_ready(proc, port, opts.ready_timeout)
+        rec["ready_s"] = wait_ready(proc, port, settings.ready_timeout)
         model = http("GET", f"{base}/v1/models")[1]["data"][0]["id"]
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=opts.request_timeout, max_retries=0)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=settings.request_timeout, max_retries=0)
         for phase in ("before", "after"):
             if phase == "after":
                 pages = int(http("GET", f"{base}/v1/cache/status")[1]["geometry"]["num_pages"]) * 3 // 4
                 t0 = time.perf_counter()
-                status, doc = http("POST", f"{base}/v1/cache/rebuild", {"num_pages": pages}, timeout=opts.ready_timeout)
+                status, doc = http("POST", f"{base}/v1/cache/rebuild", {"num_pages": pages},
+                                   timeout=settings.ready_timeout)
                 rec["rebuild"] = {"http": status, "status": doc.get("status"), "s": time.perf_counter() - t0,
                                   "error": doc.get("error"), "num_pages": pages}
                 if status != 200:
                     break
             for round_ in ("first", "steady"):
-                single = stream(client, model, texts[SINGLE], opts.decode_steps)
+                single = stream(client, model, texts[SINGLE], settings.decode_steps)
                 rec["requests"].append({"phase": phase, "round": round_, "bs": 1, "name": SINGLE, **single})
                 if single["hung"]:
                     raise TimeoutError("a request hung")
                 with ThreadPoolExecutor(2) as pool:
-                    pair = list(pool.map(lambda p: stream(client, model, texts[p], opts.decode_steps), PAIR))
+                    pair = list(pool.map(lambda p: stream(client, model, texts[p], settings.decode_steps), PAIR))
                 for name, r in zip(PAIR, pair, strict=True):
                     rec["requests"].append({"phase": phase, "round": round_, "bs": 2, "name": name, **r})
                 if any(r["hung"] for r in pair):
@@ -316,33 +317,33 @@ def render(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def serve_record(case: Case, opts: argparse.Namespace, log_dir: str) -> dict[str, Any]:
+def serve_record(case: Case, settings: ServeSettings, log_dir: str) -> dict[str, Any]:
     """Run the arms on ``case``'s model: the first one alone (it compiles FreeToken's kernels into
-    their caches; so does the first patched arm, another path), the rest ``opts.jobs`` at a time."""
-    patched = patched_freetoken(opts.arms, log_dir)
+    their caches; so does the first patched arm, another path), the rest ``settings.jobs`` at a time."""
+    patched = patched_freetoken(settings.arms, log_dir)
     runs: dict[str, dict[str, Any]] = {}
     lock = threading.Lock()
     ft_args = list(case.target.ft_args)
     with case.model_dir(log_dir) as model_dir:
-        texts = {p.name: p.text for p in build(load_tokenizer(model_dir), opts.context,
-                                               read_text(opts.prompt_file)).values()}
+        texts = {p.name: p.text for p in build(load_tokenizer(model_dir), settings.context,
+                                               read_text(settings.prompt_file)).values()}
 
         def one(arm: str) -> None:
-            rec = run_arm(arm, model_dir, ft_args, texts, opts, log_dir, patched)
+            rec = run_arm(arm, model_dir, ft_args, texts, settings, log_dir, patched)
             with lock:
                 runs[arm] = rec
                 print(f"serve {case.label} {arm}: ready {rec.get('ready_s', float('nan')):.1f} s, hung {rec['hung']}, "
                       f"rebuild {(rec.get('rebuild') or {}).get('status')}, stop {rec['stopped_by']}"
                       + (f", {rec['error']}" if "error" in rec else ""), file=sys.stderr, flush=True)
 
-        firsts = [a for a in (opts.arms[0], next((a for a in opts.arms if a in PATCHED_ARMS), None)) if a]
+        firsts = [a for a in (settings.arms[0], next((a for a in settings.arms if a in PATCHED_ARMS), None)) if a]
         for arm in dict.fromkeys(firsts):
             one(arm)
-        with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
-            list(pool.map(one, [a for a in opts.arms if a not in runs]))
-    runs = {arm: runs[arm] for arm in opts.arms}
-    return {"model": case.target.describe(), "label": case.label, "ft_args": ft_args, "context": opts.context,
-            "decode_steps": opts.decode_steps, "jobs": opts.jobs, "env": environment(), "runs": runs,
+        with ThreadPoolExecutor(max_workers=settings.jobs) as pool:
+            list(pool.map(one, [a for a in settings.arms if a not in runs]))
+    runs = {arm: runs[arm] for arm in settings.arms}
+    return {"model": case.target.describe(), "label": case.label, "ft_args": ft_args, "context": settings.context,
+            "decode_steps": settings.decode_steps, "jobs": settings.jobs, "env": environment(), "runs": runs,
             "expects_wait": case.target.expects_wait, **judge(runs, case.target.expects_wait)}
 
 

@@ -1,0 +1,103 @@
+"""What each benchmark reads: one small typed settings object per mode, built once from the parsed
+options at the CLI boundary (``bench.cli``, whose parser holds every default). No room below the CLI
+reads argparse's namespace, so each mode's signature says which options it takes.
+
+A field's name is the option's ``dest`` (``--decode-steps``: ``decode_steps``); ``from_options``
+copies exactly the fields the settings declare, and a namespace missing one fails at the boundary.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+S = TypeVar("S")
+
+
+def from_options(cls: type[S], opts: argparse.Namespace, **given: Any) -> S:
+    """``cls`` from the options of the same names; ``given`` sets the fields the CLI resolved itself
+    (the arms a model's case needs, the cases the models gave)."""
+    values = {f.name: getattr(opts, f.name) for f in fields(cls) if f.name not in given}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return cls(**values, **given)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """``--json``, ``--markdown``, ``--plot``: the files a finished run writes (``None``: not asked)."""
+
+    json: str | None = None
+    markdown: str | None = None
+    plot: str | None = None
+
+
+@dataclass(frozen=True)
+class RigSettings:
+    """The rig (``replay.run_arms``): the decode-like graph, its instances and replays; saved as the
+    record's ``config``."""
+
+    kernels: int
+    streams: int
+    batch_sizes: tuple[int, ...]
+    instances: int
+    reps: int
+    profile_reps: int
+    no_wait: bool
+    h2d: bool
+    strategies: tuple[str, ...]
+    watchdog: float
+
+
+@dataclass(frozen=True)
+class DeadlockSettings:
+    """``--deadlock``: the first-launch matrix, a process per case."""
+
+    kernels: int
+    streams: int
+    matrix_kernels: tuple[int, ...]
+    strategies: tuple[str, ...]
+    jobs: int
+    watchdog: float
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """One case of the matrix, in its own process (the hidden ``--probe``)."""
+
+    kernels: int
+    streams: int
+    strategy: str
+    watchdog: float
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """``--engine``: the arms, rounds and copies, #775's workload, the engine process's limits."""
+
+    arms: tuple[str, ...]
+    rounds: int
+    copies: int
+    replays: int
+    trace_steps: int
+    trace_runs: int
+    warmup: bool
+    watchdog: float
+    hang_timeout: float
+    context: int
+    decode_steps: int
+    prompt_file: str | None
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """``--serve``: the arms, how many at once, the server's and the requests' limits, the workload."""
+
+    arms: tuple[str, ...]
+    jobs: int
+    ready_timeout: float
+    request_timeout: float
+    context: int
+    decode_steps: int
+    prompt_file: str | None
