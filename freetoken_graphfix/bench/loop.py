@@ -28,29 +28,20 @@ METRICS = (("step", "step_gpu_ms", "GPU time per decode step"),
            ("launch", "launch_gpu_ms", "GPU time of the graph launch"))
 
 
-def cycle_length(labels: list[str]) -> int:
-    """The schedule's period: the shortest shift that maps the launches' labels onto themselves (the
-    own graph comes twice a cycle with an even number of copies, once in records from before)."""
-    return next(p for p in range(1, len(labels) + 1) if labels[p:] == labels[:len(labels) - p])
-
-
 def executable_means(times: list[float], labels: list[str]) -> tuple[dict[str, float], int]:
-    """Per executable, the median of its launches' log-times, each relative to the mean of one cycle's
-    length of launches centred on it, and the number of whole cycles. For an even cycle length the
-    window is one launch longer with its two ends at half weight (a centred moving average): either
-    way every place in the cycle weighs once, and a drift linear over the window drops out exactly.
+    """Per executable, the median of its launches' log-times, each relative to the mean of the cycle's
+    length of launches centred on it (with the schedule's fixed order that window holds every
+    executable once, and a drift linear over it drops out exactly), and the number of whole cycles.
     A launch without a whole window around it (at either end) is left out; the median outvotes the
     few launches around a host mode switch."""
-    width = cycle_length(labels)
+    width = len(set(labels))
     half = width // 2
-    weights = [0.5, *[1.0] * (width - 1), 0.5] if width % 2 == 0 else [1.0] * width
     logs = [math.log(t) if t > 0 else math.nan for t in times]
     rel: dict[str, list[float]] = {}
     for k in range(half, len(logs) - half):
         window = logs[k - half:k + half + 1]
         if not any(math.isnan(v) for v in window):
-            rel.setdefault(labels[k], []).append(logs[k] - sum(w * v for w, v in zip(weights, window, strict=True))
-                                                 / width)
+            rel.setdefault(labels[k], []).append(logs[k] - statistics.fmean(window))
     return {label: statistics.median(v) for label, v in rel.items()}, len(labels) // width
 
 

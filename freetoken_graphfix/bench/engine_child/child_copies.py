@@ -68,29 +68,22 @@ class Driver:
 
 def copy_labels(copies: int, control: bool = False) -> list[str]:
     """The executables of one graph in the decode loop, in the order of a cycle: the copies in pairs
-    laid out uploaded-never, never-uploaded (ABBA). With an even number of copies the engine's own
-    graph comes twice, after the first copy and before the last, so that one uploaded and one
-    never-uploaded copy come right before it and one of each right after it: on the H200 the launch
-    after the engine's own ran about 1% quicker than the others (the 48-layer qwen4_exp, whose step
-    waits on the host's fill), and with that slot always a never-uploaded copy, two copies a kind read
-    a +0.6% upload cost that was not there. Every kind, the own graph too, then sits at the same mean
-    position (a drift over the cycle lands on each alike). With an odd number, the own graph once, in
-    the middle (no layout balances it). With ``control``, the positive control's two executables
-    (never uploaded, a spin after each launch) open and close the cycle, at the same mean position."""
+    laid out uploaded-never, never-uploaded (ABBA), the engine's own graph in the middle, so that with
+    an even number of copies the uploaded ones, the never-uploaded ones and the own graph sit at the
+    same mean position (a drift over the cycle lands on each kind alike). With ``control``, the
+    positive control's two executables (never uploaded, a spin after each launch) open and close the
+    cycle: their mean position is the middle too."""
     pairs = [[f"uploaded:{i}", f"never:{i}"][::1 if i % 2 == 0 else -1] for i in range(copies)]
     order = [label for pair in pairs for label in pair]
-    if copies % 2:
-        labels = [*order[:copies], "own", *order[copies:]]
-    else:
-        labels = [*order[:1], "own", *order[1:-1], "own", *order[-1:]] if copies else ["own"]
+    labels = [*order[:copies], "own", *order[copies:]]
     return ["control:0", *labels, "control:1"] if control and copies else labels
 
 
 def loop_schedule(labels: list[str], k: int) -> str:
     """The executable the ``k``-th graph step of a size launches after that size's first launch: the
     cycle's order (``copy_labels``) over and over. No executable is ever launched twice in a row:
-    the first of a cycle differs from the last, neighbours within it differ, and a relaunch of the very
-    executable just launched may run faster than any other, which would favour one copy."""
+    the first of a cycle differs from the last, and a relaunch of the very executable just launched
+    may run faster than any other, which would favour one copy."""
     return labels[k % len(labels)]
 
 
