@@ -158,6 +158,21 @@ def the_positive_control_is_read_back_in_the_decode_loop(m: Measured) -> None:
 
 
 @check("engine-llama")
+def at_775s_context_the_control_is_recovered_in_every_figure(m: Measured) -> None:
+    """#775's 65,536-token context makes the llama's decode step GPU-bound (at 512 tokens the host set
+    its pace and hid a GPU-side spin): the positive control is read back within its interval and
+    resolved in every metric and bs, so every upload figure is judged."""
+    record = m["record"]
+    assert record["context"] == 65536 and record["decode_steps"] == 200, (record["context"], record["decode_steps"])
+    ctl = record["summary"]["control_in_loop"]
+    figures = [(metric, bs, f) for metric, by_bs in ctl.items() for bs, f in by_bs.items()]
+    assert {(metric, bs) for metric, bs, _ in figures} == {(k, b) for k in ("step", "launch") for b in ("2", "1")}
+    for metric, bs, f in figures:
+        assert abs(f["ratio"] - 1 - f["added"]) <= f["half"], (metric, bs, f)
+        assert verdicts.recovered(f["ratio"], f["half"], f["added"]), (metric, bs, f)
+
+
+@check("engine-llama")
 def a_model_without_the_wait_gets_no_op_everywhere_and_upstreams_tokens(m: Measured) -> None:
     record = m["record"]
     assert not record["wait_case"] and engine.failures(record) == [] and m["code"] == 0

@@ -562,3 +562,20 @@ def test_a_timed_launch_releases_the_wait_just_before_and_times_between_its_even
                             (Event("start"), Event("end")))
     assert ms == 2.5
     assert calls == [("record", "start"), ("launch", 101, 1), ("record", "end"), ("sync", "end")]
+
+
+def test_the_readmes_example_report_is_what_the_code_prints_for_its_record():
+    """The README shows the answer and the markdown's head for the llama on #775's workload: they are
+    rendered here again, by the current code, from the record that run kept."""
+    from .gpu_records import RECORDS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    record = json.loads((RECORDS / "engine-llama.json").read_text())["record"]
+    record.update(engine.judge(record["runs"], record["traced"], record["expects_wait"]))
+    text = re.search(r"and a test renders this block from it\):\n\n```text\n(.*?)\n```", readme, re.S).group(1)
+    md = re.search(r"first lines of its `--markdown` \((\d+) in all\):\n\n```markdown\n(.*?)\n```", readme, re.S)
+    assert text.splitlines() == engine_report.render(record).splitlines()[:4]
+    markdown = engine_report.markdown([record]).splitlines()
+    assert md.group(2).splitlines() == markdown[:len(md.group(2).splitlines())]
+    assert int(md.group(1)) == len(markdown) <= 60
+    assert markdown[2].startswith("- **safety: ") and markdown[3].startswith("- the upload in the decode loop: ")

@@ -78,13 +78,15 @@ def hybrid_locked(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    """``bench --engine --model`` on a config-only llama with FreeToken's dummy weights, through the
-    CLI as a user runs it: two rounds and a traced run per arm."""
+    """``bench --engine --model`` on a config-only llama (16 layers) with FreeToken's dummy weights,
+    through the CLI as a user runs it, on #775's workload (a 65,536-token context, 200 greedy decode
+    steps): two rounds and two traced runs per arm. At that context the decode step is GPU-bound, so
+    the positive control can be read back in the step as well as in the launch."""
     root = tmp_path_factory.mktemp("llama")
-    model.write_model(str(root / "llama"), "llama", 4)
-    record, code = bench_record(["--engine", "--model", str(root / "llama"), "--context", "512", "--decode-steps",
-                                 "32", "--rounds", "2", "--trace-steps", "8", "--replays", "50", "--copies", "2", "--",
-                                 *model.ENGINE_FLAGS["llama"].split()], root)
+    model.write_model(str(root / "llama"), "llama", None)
+    record, code = bench_record(["--engine", "--model", str(root / "llama"), "--context", "65536", "--decode-steps",
+                                 "200", "--rounds", "2", "--trace-steps", "8", "--replays", "50", "--copies", "2",
+                                 "--", *model.ENGINE_FLAGS["llama"].split()], root)
     return keep("engine-llama", "engine", record, code)
 
 
