@@ -72,8 +72,18 @@ class ProbeSettings:
 
 
 @dataclass(frozen=True)
-class EngineSettings:
-    """``--engine``: the arms, rounds and copies, #775's workload, the engine process's limits."""
+class Workload:
+    """#775's workload, which ``--engine`` and ``--serve`` share: the prompt's tokens, the greedy decode
+    steps per request, the text to copy (``None``: the licence shipped with the package)."""
+
+    context: int
+    decode_steps: int
+    prompt_file: str | None
+
+
+@dataclass(frozen=True)
+class EngineSettings(Workload):
+    """``--engine``: the arms, rounds and copies, the engine process's limits, and the workload."""
 
     arms: tuple[str, ...]
     rounds: int
@@ -84,20 +94,14 @@ class EngineSettings:
     warmup: bool
     watchdog: float
     hang_timeout: float
-    context: int
-    decode_steps: int
-    prompt_file: str | None
     command: str = ""
 
 
 @dataclass(frozen=True)
-class ServeSettings:
-    """``--serve``: the arms, how many at once, the server's and the requests' limits, the workload."""
+class ServeSettings(Workload):
+    """``--serve``: the arms, how many at once, the server's and the requests' limits, and the workload."""
 
     arms: tuple[str, ...]
     jobs: int
     ready_timeout: float
     request_timeout: float
-    context: int
-    decode_steps: int
-    prompt_file: str | None
