@@ -3,6 +3,13 @@
 ``import freetoken_graphfix`` arms the shim (mode from ``FT_GRAPH_UPLOAD``, default ``auto``): it
 installs itself when FreeToken's graph module is imported, whichever comes first, and imports
 nothing heavy before that.
+
+Every import of the package arms it, the tools' (``python -m freetoken_graphfix ...``, the bench)
+included: Python runs this file for any submodule, and arming must not depend on which one was
+asked for, or ``import freetoken_graphfix.anything`` would silently leave FreeToken unprotected.
+Arming costs nothing until FreeToken's graph module is imported; a tool that must measure FreeToken
+as shipped in its own process says so with ``uninstall()``, which also puts ``FT_GRAPH_UPLOAD``
+back as the user set it.
 """
 
 from . import bootstrap
@@ -21,46 +28,45 @@ __version__ = "0.1.0"
 
 def install(mode: "str | Mode | None" = None, *, device: "Device | None" = None,
             warm_timeout_s: "float | None" = None) -> None:
-    """Install the shim now, or switch the mode of the one installed (see :func:`hooks.install`).
+    """Install the shim now, or switch the mode of the one installed (see :func:`shim.install`).
 
     Raises :class:`ConfigError` for a mode (or ``FT_GRAPH_UPLOAD`` value) it does not accept. Where
     a dependency is missing it logs why, changes nothing, and :func:`status` says so."""
-    hooks, why = _hooks()
-    if hooks is None:
+    shim, why = _shim()
+    if shim is None:
         import logging
 
         bootstrap.disarm()  # said once, here: FreeToken's import will not try again
         logging.getLogger("freetoken_graphfix").error("freetoken_graphfix: not installed: %s", why)
         return
-    hooks.install(mode, device=device, warm_timeout_s=warm_timeout_s)
+    shim.install(mode, device=device, warm_timeout_s=warm_timeout_s)
 
 
 def uninstall() -> None:
     """Restore FreeToken's original functions exactly; safe to call again or before install()."""
-    hooks, _ = _hooks()
-    if hooks is not None:
-        hooks.uninstall()
+    shim, _ = _shim()
+    if shim is not None:
+        shim.uninstall()
 
 
 def status() -> "dict[str, Any]":
-    """What the shim found, did and decided, per capture pass (see README, "Modes")."""
-    hooks, why = _hooks()
-    if hooks is None:
-        return {"installed": False, "mode": None, "patched": False, "reason": why,
-                "freetoken": {"version": None, "path": None, "tested": None},
-                "deferred": {"available": False, "reason": why, "pending_first_launches": 0, "at_uninstall": ""},
-                "mode_changes": [], "passes": []}
-    return hooks.status()
+    """What the shim found, did and decided, per capture pass (see the docs, "How the modes work")."""
+    shim, why = _shim()
+    if shim is None:
+        from .status_record import unavailable
+
+        return unavailable(why).as_dict()
+    return shim.status().as_dict()
 
 
-def _hooks() -> "tuple[Any, str]":
-    """The shim's hooks module, or ``None`` and why it cannot be loaded (a dependency an offline
-    ``--no-deps`` install left out): nothing is patched then."""
+def _shim() -> "tuple[Any, str]":
+    """The shim module, or ``None`` and why it cannot be loaded (a dependency an offline ``--no-deps``
+    install left out): nothing is patched then."""
     try:
-        from . import hooks
+        from . import shim
     except ImportError as exc:
         return None, f"cannot be loaded: {exc} (a dependency of freetoken-graphfix: pip install wrapt packaging)"
-    return hooks, ""
+    return shim, ""
 
 
 def _install_armed(module: object) -> None:
@@ -68,15 +74,15 @@ def _install_armed(module: object) -> None:
 
     This runs inside FreeToken's import: whatever the shim lacks (a dependency an offline
     ``--no-deps`` install left out), FreeToken must import as shipped, and the shim stands down."""
-    hooks, why = _hooks()
-    if hooks is None:
+    shim, why = _shim()
+    if shim is None:
         import logging
 
         bootstrap.disarm()
         logging.getLogger("freetoken_graphfix").error("freetoken_graphfix: not installed: %s; FreeToken keeps its own "
                                                       "upload", why)
         return
-    hooks.install_armed()
+    shim.install_armed()
 
 
 def __getattr__(name: str) -> "Any":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from types import ModuleType
 
 from packaging.version import InvalidVersion, Version
 
-TESTED = ("0.1.3", "0.2.0", "0.2.1")
+TESTED = ("0.1.2", "0.1.3", "0.2.0", "0.2.1")
 """The FreeToken releases the shim's tests run against; every other one is decided by feature."""
 
 GRAPH_MODULE = "freetoken.engine.graph"
@@ -44,23 +43,34 @@ AFTER_CAPTURE = "after-capture"  # 0.1.3: decide once _capture_graphs has captur
 class Compat:
     """What the installed FreeToken offers the shim, and why it can or cannot be patched."""
 
-    version: str
+    version: str | None
     path: str
     patchable: bool
     reason: str
-    level: int  # the logging level the reason deserves
+    unexpected: bool  # not the FreeToken the shim was built for (untested, or a seam changed): worth a WARNING
     tested: bool
     deferred: bool  # the deferred first-launch guard can work on this release
     deferred_reason: str
     flavor: str = UPLOAD_SEAM
-    wait_module: str = ROW_STORE_MODULE  # where the WAIT-enqueueing function lives
+    wait_module: str = ROW_STORE_MODULE  # where the WAIT-enqueueing function lives, wrapped once it is imported
     wait_function: str = "wait_reset"
+    wait_params: tuple[str, ...] | None = ("stream", "flag")  # None: a compiled function, its parameters unseen
     checked: tuple[str, ...] = field(default=())  # the features looked for (named in the WARNING)
 
+    def wait_seam_fits(self, function: object) -> bool:
+        """Whether the WAIT-enqueueing function, as imported, is the one the shim records WAITs from."""
+        return callable(function) and (self.wait_params is None or tuple(_params(function) or ()) == self.wait_params)
 
-def freetoken_version() -> str:
+    def wait_seam(self) -> str:
+        """``freetoken.kernel.row_store.wait_reset(stream, flag)``: how messages name it."""
+        params = f"({', '.join(self.wait_params)})" if self.wait_params else ""
+        return f"{self.wait_module}.{self.wait_function}{params}"
+
+
+def freetoken_version() -> str | None:
     """The FreeToken release in use: its package's own ``version.py`` (a tree on ``PYTHONPATH`` may
-    shadow the installed one; importing it imports nothing else), else the installed metadata."""
+    shadow the installed one; importing it imports nothing else), else the installed metadata;
+    ``None`` where FreeToken is not installed."""
     try:
         return str(importlib.import_module("freetoken.version").__version__)
     except (ImportError, AttributeError):
@@ -68,15 +78,36 @@ def freetoken_version() -> str:
     try:
         return metadata.version("freetoken")
     except metadata.PackageNotFoundError:
-        return "unknown"
+        return None
 
 
-def is_tested(version: str) -> bool:
+def is_tested(version: str | None) -> bool:
     """Exactly one of :data:`TESTED` (``0.2.1.post1`` or a local build is another release)."""
+    if version is None:
+        return False
     try:
         return Version(version) in {Version(v) for v in TESTED}
     except InvalidVersion:
         return False
+
+
+def _package_path(module: str) -> str:
+    """Where FreeToken's ``module`` lives (its ``.py`` file, without the suffix for an extension),
+    from the imported ``freetoken`` package's folder: nothing here imports a module to find it."""
+    package = getattr(sys.modules.get("freetoken"), "__file__", None)
+    return os.path.join(os.path.dirname(package), *module.split(".")[1:]) if package else ""
+
+
+def _parsed(module: str) -> ast.Module | None:
+    """FreeToken's ``module``, parsed from its source (``None`` without one); never imported."""
+    path = _package_path(module) + ".py"
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    tree = ast.parse(text)
+    tree.source = text  # type: ignore[attr-defined]  (for the methods' source segments)
+    return tree
 
 
 def _ple_methods() -> dict[str, str] | None:
@@ -90,18 +121,32 @@ def _ple_methods() -> dict[str, str] | None:
     live = sys.modules.get(PLE_MODULE)
     if live is not None and hasattr(live, "DiskRowTable"):
         return {n: _source(inspect.getattr_static(live.DiskRowTable, n, None)) for n in names}
-    package = getattr(sys.modules.get("freetoken"), "__file__", None)
-    path = os.path.join(os.path.dirname(package), *PLE_MODULE.split(".")[1:]) + ".py" if package else ""
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    for node in ast.walk(ast.parse(text)):
+    tree = _parsed(PLE_MODULE)
+    for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, ast.ClassDef) and node.name == "DiskRowTable":
-            methods = {f.name: ast.get_source_segment(text, f) or "" for f in node.body
+            methods = {f.name: ast.get_source_segment(tree.source, f) or "" for f in node.body  # type: ignore[attr-defined]
                        if isinstance(f, ast.FunctionDef)}
             return {n: methods.get(n, "") for n in names}
     return None
+
+
+def defined_params(module: str, function: str) -> list[str] | None:
+    """The parameters of ``module.function`` as its source defines them, ``None`` where the source
+    holds no such function (or there is no source): read, never imported."""
+    tree = _parsed(module)
+    for node in tree.body if tree is not None else ():
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            a = node.args
+            return [p.arg for p in (*a.posonlyargs, *a.args, *([a.vararg] if a.vararg else []), *a.kwonlyargs,
+                                    *([a.kwarg] if a.kwarg else []))]
+    return None
+
+
+def has_extension(module: str) -> bool:
+    """Whether FreeToken ships the compiled extension ``module`` (0.1.3's ``_ple_store``), by its file."""
+    folder, name = os.path.split(_package_path(module))
+    return os.path.isdir(folder) and any(f.startswith(name + ".") and f.endswith((".so", ".pyd"))
+                                         for f in os.listdir(folder))
 
 
 def _params(fn: object) -> list[str] | None:
@@ -133,47 +178,42 @@ def _deferred_details(runner: type, table: dict[str, str]) -> list[tuple[str, bo
 
 
 def check(graph: ModuleType) -> Compat:
-    """Inspect ``freetoken.engine.graph`` and the modules it works with (imported here if present)."""
+    """Inspect ``freetoken.engine.graph`` and, by their sources, the modules it works with: nothing of
+    FreeToken is imported here (this runs inside FreeToken's own import of ``engine.graph``). The WAIT
+    function is checked again, as imported, when the shim wraps it (``wait_seam_fits``)."""
     version = freetoken_version()
     path = os.path.dirname(str(getattr(sys.modules.get("freetoken"), "__file__", None) or graph.__file__))
     tested = is_tested(version)
 
-    def verdict(patchable: bool, reason: str, level: int, **kw: object) -> Compat:
+    def verdict(patchable: bool, reason: str, unexpected: bool, **kw: object) -> Compat:
         kw.setdefault("deferred_reason", reason)
-        return Compat(version, path, patchable, reason, level, tested, **kw)
+        return Compat(version, path, patchable, reason, unexpected, tested, **kw)
+
+    def refused(reason: str) -> Compat:
+        return verdict(False, f"freetoken {version} {reason}; FreeToken left untouched", True, deferred=False)
 
     table = _ple_methods()
     if table is not None and SERIES_MARKER in table["lookup"]:
         return verdict(False, f"freetoken {version} carries the patch series (no capture-time upload; PLE first "
-                       "launches filled before the launch): the shim stands down", logging.INFO, deferred=False)
+                       "launches filled before the launch): the shim stands down", False, deferred=False)
     if table is None:
         return verdict(False, f"freetoken {version}: no host-released WAIT in this release (no disk PLE table): "
-                       "nothing to protect", logging.INFO, deferred=False)
+                       "nothing to protect", False, deferred=False)
     runner = getattr(graph, "GraphRunner", None)
-    capture = inspect.getattr_static(runner, "_capture_graphs", None) if runner is not None else None
-    if capture is None:
-        return verdict(False, f"freetoken {version} has no GraphRunner._capture_graphs; FreeToken left untouched",
-                       logging.WARNING, deferred=False)
+    if runner is None or inspect.getattr_static(runner, "_capture_graphs", None) is None:
+        return refused("has no GraphRunner._capture_graphs")
     upload = getattr(graph, "_upload_graph", None)
     if upload is not None:
-        flavor, wait_module, wait_function = UPLOAD_SEAM, ROW_STORE_MODULE, "wait_reset"
-        wait_params: list[str] | None = ["stream", "flag"]
+        seam = Compat(version, path, True, "", False, tested, True, "")
         if _params(upload) != ["graph", "stream"]:
-            return verdict(False, f"freetoken {version} changed _upload_graph to {_params(upload)}, expected "
-                           "(graph, stream); FreeToken left untouched", logging.WARNING, deferred=False)
+            return refused(f"changed _upload_graph to {_params(upload)}, expected (graph, stream)")
+        if tuple(defined_params(ROW_STORE_MODULE, "wait_reset") or ()) != seam.wait_params:
+            return refused(f"lacks {seam.wait_seam()}: the shim cannot see which graphs hold a host-released WAIT")
+        flavor, wait_module, wait_function, wait_params = UPLOAD_SEAM, ROW_STORE_MODULE, "wait_reset", seam.wait_params
     else:
+        if not has_extension(PLE_STORE_MODULE):
+            return refused(f"lacks {PLE_STORE_MODULE}: the shim cannot see which graphs hold a host-released WAIT")
         flavor, wait_module, wait_function, wait_params = AFTER_CAPTURE, PLE_STORE_MODULE, "memop_wait_reset", None
-    try:
-        waits = importlib.import_module(wait_module)
-    except Exception as exc:  # a broken extension: the shim cannot see WAITs, so it must not patch
-        return verdict(False, f"freetoken {version}: cannot import {wait_module} ({exc!r}): the shim cannot see "
-                       "which graphs hold a host-released WAIT; FreeToken left untouched", logging.WARNING,
-                       deferred=False)
-    enqueue = getattr(waits, wait_function, None)
-    if not callable(enqueue) or (wait_params is not None and _params(enqueue) != wait_params):
-        return verdict(False, f"freetoken {version} lacks {wait_module}.{wait_function}"
-                       f"{'(' + ', '.join(wait_params) + ')' if wait_params else ''}: the shim cannot see which graphs "
-                       "hold a host-released WAIT; FreeToken left untouched", logging.WARNING, deferred=False)
     details = _deferred_details(runner, table)
     missing = [name for name, found in details if not found]
     checked = ("GraphRunner._capture_graphs", f"{wait_module}.{wait_function}",
@@ -183,7 +223,7 @@ def check(graph: ModuleType) -> Compat:
     if not tested:
         reason += (f" (untested release, decided by feature: found {', '.join(checked[:3])}; deferred path: "
                    + ("every private detail found" if not missing else f"missing {'; '.join(missing)}") + ")")
-    return verdict(True, reason, logging.INFO if tested else logging.WARNING, deferred=not missing,
+    return verdict(True, reason, not tested, deferred=not missing,
                    deferred_reason="its first launches can be guarded" if not missing else
                    f"missing {'; '.join(missing)}", flavor=flavor, wait_module=wait_module,
-                   wait_function=wait_function, checked=checked)
+                   wait_function=wait_function, wait_params=wait_params, checked=checked)

@@ -14,6 +14,11 @@ Setting it also arms the ``.pth`` bootstrap in every Python process of the envir
 
 OFF_VALUES = ("off", "0", "false")
 
+ENV_STATUS_DIR = "FT_GRAPHFIX_STATUS_DIR"
+"""A directory: when set, each process whose shim completes a capture pass writes its ``status()`` there
+as ``freetoken_graphfix-<pid>.json`` (replaced after every pass), so a tool reads the decisions taken
+in a server's scheduler process as data, not from its log."""
+
 WARM_TIMEOUT_S = 10.0
 """How long a warm replay waits for its graph to finish before it reports the graph still running
 (``WarmReplayError``). A slow GPU consuming a WAIT late is a success, not a timeout."""

@@ -68,6 +68,8 @@ class StagedFill:
 class FillStager:
     """One ``DiskRowTable``'s ``host_fill_batch`` while graphs reading the table await a first launch."""
 
+    graphfix_stager = True  # how ``detect`` tells the shim's own stand-in from another tool's shadow
+
     def __init__(self, table: Any) -> None:
         self._table = table
         self._original = inspect.getattr_static(type(table), "host_fill_batch")
@@ -222,18 +224,3 @@ class FirstLaunchGuard:
             else:  # someone replaced our replay on the graph: nothing of ours left to remove
                 self.forget(graph)
         return len(graphs)
-
-
-def restore(owner: Any, name: str, original: Any, ours: Any) -> None:
-    """Put ``original`` back as ``owner.name``, unless someone re-patched it on top of ``ours``."""
-    if vars(owner).get(name) is ours:
-        setattr(owner, name, original)
-    else:
-        logger.warning("%s.%s was re-patched by someone else; left as it is",
-                       getattr(owner, "__qualname__", getattr(owner, "__name__", owner)), name)
-
-
-def is_stager(value: Any) -> bool:
-    """Whether ``value`` is the shim's own stand-in for a table's ``host_fill_batch``."""
-    return isinstance(value, FillStager)
-

@@ -25,7 +25,6 @@ from types import FrameType
 from typing import Any
 
 from .compat import PLE_MODULE
-from .deferred import is_stager
 
 ENGRAM_MODULE = "freetoken.models.deepseek_v41.engram_table"
 
@@ -69,7 +68,7 @@ def known_owner(owner: Any) -> tuple[str, Release, bool] | None:
             # forward_host_ctx calls self.host_fill_batch at every dispatch: the deferred guard
             # stands in for it there, unless something else already shadows it on the instance.
             shadow = vars(owner).get("host_fill_batch")
-            deferrable = shadow is None or is_stager(shadow)
+            deferrable = shadow is None or getattr(shadow, "graphfix_stager", False)
             return "PLE wait-sync", Release.AFTER_LAUNCH, deferrable
         return "PLE wait-sync (ple-fill worker)", Release.BEFORE_LAUNCH, False
     engram = _class_from(ENGRAM_MODULE, "EngramDiskTable")
@@ -78,7 +77,7 @@ def known_owner(owner: Any) -> tuple[str, Release, bool] | None:
     return None
 
 
-_OWN_FRAMES = ("freetoken_graphfix.hooks", "freetoken_graphfix.detect")
+_OWN_FRAMES = ("freetoken_graphfix.capture", "freetoken_graphfix.shim", "freetoken_graphfix.detect")
 _SEARCH_DEPTH = 8  # frames looked through for the owner: enough for a few interposed wrappers
 
 

@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import freetoken_graphfix  # noqa: E402
-from freetoken_graphfix import hooks  # noqa: E402
+from freetoken_graphfix import shim  # noqa: E402
 
 from . import harness  # noqa: E402
 from .fakecuda import FakeCuda, wire  # noqa: E402
@@ -29,12 +29,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def clean_shim():
     """No shim installed, no history; uninstalled again afterwards."""
     freetoken_graphfix.uninstall()
-    hooks._state.passes.clear()
-    hooks._state.compat = None
+    shim.state.passes.clear()
+    shim.state.compat = None
     yield
     freetoken_graphfix.uninstall()
-    hooks._state.passes.clear()
-    hooks._state.compat = None
+    shim.state.passes.clear()
+    shim.state.compat = None
     os.environ.pop("FT_GRAPH_UPLOAD", None)
 
 

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from freetoken_graphfix.config import Mode
+from freetoken_graphfix.decide import Action, decide
 from freetoken_graphfix.detect import Release, Wait
-from freetoken_graphfix.strategies import Action, decide
 
 PLE = ("PLE wait-sync", Release.AFTER_LAUNCH, True)
 ENGRAM = ("Engram wait-sync", Release.BEFORE_LAUNCH, False)

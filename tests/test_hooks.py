@@ -117,7 +117,7 @@ def test_off_patches_nothing(clean_shim, monkeypatch):
         freetoken_graphfix.install()
         assert not isinstance(vars(graph)["_upload_graph"], wrapt.FunctionWrapper)
         st = freetoken_graphfix.status()
-        assert (st["mode"], st["patched"], st["reason"]) == ("off", False, "disabled (FT_GRAPH_UPLOAD=off)")
+        assert (st["mode"], st["patched"], st["reason"]) == ("off", False, f"disabled (FT_GRAPH_UPLOAD={value!r})")
         freetoken_graphfix.uninstall()
 
 
@@ -360,18 +360,18 @@ def test_switching_to_off_and_back(clean_shim):
 def test_a_switch_keeps_the_device_and_timeout_unless_given(install, fake):
     """install(mode) on an installed shim keeps the device and warm timeout it was installed with,
     also through off (a new install inside), and takes new ones when the switch names them."""
-    from freetoken_graphfix import hooks
+    from freetoken_graphfix import shim
 
     install("auto", warm_timeout_s=0.25)
     freetoken_graphfix.install("off")
     freetoken_graphfix.install("warm")
-    assert hooks._state.device is fake and hooks._state.warm_timeout_s == 0.25
+    assert shim.state.device is fake and shim.state.warm_timeout_s == 0.25
     other = type(fake)()
     freetoken_graphfix.install("deferred", device=other, warm_timeout_s=0.5)
-    assert hooks._state.device is other and hooks._state.warm_timeout_s == 0.5
+    assert shim.state.device is other and shim.state.warm_timeout_s == 0.5
     freetoken_graphfix.install("off", device=fake)
     freetoken_graphfix.install("auto")
-    assert hooks._state.device is fake and hooks._state.warm_timeout_s == 0.5
+    assert shim.state.device is fake and shim.state.warm_timeout_s == 0.5
 
 
 def test_status_after_uninstall_tells_the_truth(clean_shim):
@@ -395,8 +395,8 @@ def test_status_before_freetoken_import():
 
 def test_install_at_freetokens_import_imports_no_more_of_freetoken():
     """The hook runs inside FreeToken's import of engine.graph, in every ft serve process, before the
-    engine has its device: it must not import FreeToken's model or triton kernel modules from there,
-    out of FreeToken's own order. Only the WAIT module it wraps may come in early."""
+    engine has its device: it must not import any of FreeToken that FreeToken does not import there
+    itself (the row store pulls in ``freetoken.kernel``'s triton kernels and its extension)."""
     code = ("import sys; import freetoken.engine.graph; "
             "print(' '.join(sorted(m for m in sys.modules if m.startswith('freetoken.'))))")
 
@@ -409,4 +409,41 @@ def test_install_at_freetokens_import_imports_no_more_of_freetoken():
         return set(out.stdout.split())
 
     extra = modules("auto") - modules(None)
-    assert extra <= {"freetoken.kernel.row_store", "freetoken.kernel._row_store"}, extra
+    assert extra == set(), extra
+
+
+def test_the_wait_function_is_wrapped_once_freetoken_imports_it():
+    """Patched at engine.graph's import, the WAIT function is wrapped when FreeToken itself imports its
+    module, not before."""
+    code = ("import sys, json, wrapt, freetoken_graphfix; import freetoken.engine.graph; "
+            "before = 'freetoken.kernel.row_store' in sys.modules; import freetoken.kernel.row_store as rs; "
+            "print(json.dumps([before, isinstance(vars(rs)['wait_reset'], wrapt.FunctionWrapper), "
+            "freetoken_graphfix.status()['patched']]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "FT_GRAPH_UPLOAD"})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, True, True]
+
+
+def test_a_wait_function_found_changed_at_its_import_stands_the_shim_down(freetoken_tree):
+    """A release whose source defines wait_reset(stream, flag) but whose module, as imported, holds
+    another: once FreeToken imports it, the shim unwraps everything (FreeToken's own upload is back)
+    and says why in one WARNING; no graph could have held that WAIT before."""
+    tree = freetoken_tree("0.2.1")
+    row_store = tree / "freetoken" / "kernel" / "row_store.py"
+    row_store.write_text(row_store.read_text() + "\n_real = wait_reset\n\n\ndef wait_reset(flag, stream, value=1):"
+                         "\n    return _real(stream, flag)\n")
+    code = ("import json, logging, sys, wrapt, freetoken_graphfix; "
+            "logging.basicConfig(level=logging.INFO, stream=sys.stderr, format='%(levelname)s %(message)s'); "
+            "import freetoken.engine.graph as g; patched = freetoken_graphfix.status()['patched']; "
+            "import freetoken.kernel.row_store; st = freetoken_graphfix.status(); "
+            "print(json.dumps([patched, type(vars(g)['_upload_graph']).__name__, st['patched'], st['reason']]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**{k: v for k, v in os.environ.items() if k != "FT_GRAPH_UPLOAD"},
+                              "PYTHONPATH": str(tree)})
+    assert out.returncode == 0, out.stderr
+    before, upload, after, reason = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (before, upload, after) == (True, "function", False)
+    assert reason == ("freetoken 0.2.1 lacks freetoken.kernel.row_store.wait_reset(stream, flag): the shim cannot see "
+                      "which graphs hold a host-released WAIT; FreeToken left untouched")
+    assert [ln.split()[0] for ln in out.stderr.splitlines() if ln.startswith(("INFO", "WARNING"))][-1] == "WARNING"

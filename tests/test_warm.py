@@ -12,7 +12,7 @@ import freetoken_graphfix
 from freetoken_graphfix import detect
 from freetoken_graphfix.config import Mode
 from freetoken_graphfix.errors import WarmReplayError
-from freetoken_graphfix.strategies import warm_replay
+from freetoken_graphfix.warm import warm_replay
 
 from . import harness
 from .fakecuda import FakeGraph, Node
@@ -134,16 +134,16 @@ def test_slow_warm_replay_in_the_capture_loop(install, fake, tmp_path, caplog):
 def test_without_a_limit_given_a_warm_replay_has_the_readmes_ten_seconds(fake, tmp_path, monkeypatch):
     """Every user runs without a limit of their own: the warm replay in FreeToken's capture loop then
     waits the 10 s the README promises before calling a graph stuck (a busy GPU takes seconds)."""
-    from freetoken_graphfix import hooks
+    from freetoken_graphfix import capture
 
     limits = []
-    real = hooks.warm_replay
+    real = capture.warm_replay
 
     def spy(*args, timeout_s, **kwargs):
         limits.append(timeout_s)
         return real(*args, timeout_s=timeout_s, **kwargs)
 
-    monkeypatch.setattr(hooks, "warm_replay", spy)
+    monkeypatch.setattr(capture, "warm_replay", spy)
     table = harness.make_table(harness.write_rows(tmp_path))
     freetoken_graphfix.install("warm", device=fake)  # no warm_timeout_s, as from the .pth
     runner = harness.make_runner(harness.PleModel(table, fake, fake.ctx), fake.default, (1, 2))
@@ -188,7 +188,7 @@ def test_mode_enum_has_no_timing_inputs():
     """decide() takes the mode and the graph's WAITs only (determinism under TP: see test_decide)."""
     import inspect
 
-    from freetoken_graphfix.strategies import decide
+    from freetoken_graphfix.decide import decide
 
     assert list(inspect.signature(decide).parameters) == ["mode", "waits", "defer_unavailable"]
     assert Mode.WARM.value == "warm"
@@ -198,13 +198,13 @@ def test_the_release_helper_polls_a_late_wait_at_most_5_ms_apart(monkeypatch):
     """A GPU that consumes a WAIT late (a long head, a busy GPU) is polled with a back-off from 20 µs
     that stops growing at 5 ms: the next WAIT is released within 5 ms of the GPU reaching it, however
     late, so a slow warm replay stays a slow success, not one that idles for seconds."""
-    from freetoken_graphfix import strategies
+    from freetoken_graphfix import warm
     from freetoken_graphfix.detect import Wait
 
     flag = torch.zeros(1, dtype=torch.int64)
     reads, pauses = iter([1] * 40 + [0]), []
-    monkeypatch.setattr(strategies, "read_flag", lambda f: next(reads))
-    monkeypatch.setattr(strategies.time, "sleep", pauses.append)
+    monkeypatch.setattr(warm, "read_flag", lambda f: next(reads))
+    monkeypatch.setattr(warm.time, "sleep", pauses.append)
     wait = Wait(flag=flag, owner=None, kind="PLE wait-sync", release=None, deferrable=True)
-    strategies._release_in_order([wait], threading.Event(), threading.Event())
+    warm._release_in_order([wait], threading.Event(), threading.Event())
     assert len(pauses) == 40 and pauses[0] == 20e-6 and max(pauses) == pauses[-1] == 5e-3
