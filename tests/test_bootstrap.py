@@ -334,17 +334,20 @@ def test_doctor_tells_the_truth():
     assert lines["shim in doctor"].endswith("(doctor imports the shim itself, so this holds for this process only)")
     assert lines["deferred guard"].startswith("available")
     assert lines["bootstrap .pth"].endswith(bootstrap.PTH_NAME)
-    assert lines["shim in new processes"].startswith("NOT installed: FT_GRAPH_UPLOAD is unset")
+    assert lines["shim in new processes"] == (
+        "NOT installed: FT_GRAPH_UPLOAD is unset (the .pth only acts when it is set); to turn it on: export "
+        "FT_GRAPH_UPLOAD=auto before starting FreeToken, or start it with freetoken-graphfix run -- <command>")
     assert sys.executable in lines["interpreters"] or os.path.realpath(sys.executable) in lines["interpreters"]
     assert lines["patch series"].startswith("not applied (2 patches for FreeToken 0.2.1 in ")
     assert "None" not in out.stdout
     labels = [line.split(":", 1)[0].strip() for line in out.stdout.splitlines() if ": " in line]
     assert len(labels) == len(set(labels))  # each label once
-    off = run_cli("doctor", "--no-bench", env=child_env("off"))
-    lines = dict(line.strip().split(": ", 1) for line in off.stdout.splitlines() if ": " in line)
-    assert lines["shim in doctor"].startswith("not patched, mode off: disabled (FT_GRAPH_UPLOAD=off)")
+    for value in ("off", "0", "False"):  # the value quoted as the user gave it
+        off = run_cli("doctor", "--no-bench", env=child_env(value))
+        lines = dict(line.strip().split(": ", 1) for line in off.stdout.splitlines() if ": " in line)
+        assert lines["shim in doctor"].startswith(f"not patched, mode off: disabled (FT_GRAPH_UPLOAD={value!r})")
     assert lines["shim in new processes"] == (
-        "NOT installed: FT_GRAPH_UPLOAD='off': shim disabled, FreeToken keeps its own upload")
+        "NOT installed: FT_GRAPH_UPLOAD='False': shim disabled, FreeToken keeps its own upload")
 
 
 def test_doctor_reports_a_bad_variable_as_the_problem():
@@ -352,7 +355,8 @@ def test_doctor_reports_a_bad_variable_as_the_problem():
     assert out.returncode == 1 and out.stderr == "" and "Traceback" not in out.stdout
     lines = dict(line.strip().split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
     assert lines["FT_GRAPH_UPLOAD"] == ("PROBLEM: FT_GRAPH_UPLOAD='bogus' is not a valid mode; accepted values: "
-                                        "auto, upload, skip, warm, deferred, off, 0, false")
+                                        "auto, upload, skip, warm, deferred, off, 0, false; fix: export "
+                                        "FT_GRAPH_UPLOAD=auto (or unset it)")
     assert lines["shim in doctor"].startswith("not patched: FT_GRAPH_UPLOAD is not a valid mode (above)")
 
 

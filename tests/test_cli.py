@@ -29,15 +29,18 @@ def test_the_program_is_named_as_invoked():
     assert run_cli("--help").stdout.startswith("usage: python -m freetoken_graphfix [-h]")
     bench = subprocess.run([script, "bench", "--help"], env=child_env(None), capture_output=True, text=True,
                            timeout=60)
-    assert bench.stdout.startswith("usage: freetoken-graphfix bench [options]")
+    assert bench.stdout.startswith("usage: freetoken-graphfix bench <benchmark> [options]")
+    engine = subprocess.run([script, "bench", "engine", "--help"], env=child_env(None), capture_output=True, text=True,
+                            timeout=60)
+    assert engine.stdout.startswith("usage: freetoken-graphfix bench engine [options]")
 
 
 def test_a_bench_error_is_two_lines_not_every_option():
-    out = run_cli("bench", "--context", "0")
+    out = run_cli("bench", "engine", "--context", "0")
     assert out.returncode == 2 and out.stderr.splitlines() == [
-        "usage: python -m freetoken_graphfix bench [options] [-- FreeToken's ft serve options] (-h: all)",
-        "python -m freetoken_graphfix bench: error: argument --context: '0': accepted values are whole numbers of 1 "
-        "or more"]
+        "usage: python -m freetoken_graphfix bench engine [options] [-- FreeToken's ft serve options] (-h: all)",
+        "python -m freetoken_graphfix bench engine: error: argument --context: '0': accepted values are whole "
+        "numbers of 1 or more"]
 
 
 @pytest.mark.parametrize("args, own", [
@@ -56,7 +59,9 @@ def test_a_commands_error_shows_its_own_usage(args, own):
     (["run"], ["auto, upload, skip, warm, deferred, off, 0, false", "-- COMMAND"]),
     (["patch"], ["check", "apply", "revert", "--repo", "--site"]),
     (["doctor"], ["--no-bench"]),
-    (["bench"], ["upstream, pre-697, gate, auto, upload, warm, deferred, skip, patched", "qwen4_exp, llama, qwen3,"]),
+    (["bench"], ["rig", "deadlock", "engine", "serve", "startup", "report", "nsys", "write-model"]),
+    (["bench", "engine"], ["upstream, pre-697, gate, auto, upload, warm, deferred, skip, patched"]),
+    (["bench", "write-model"], ["qwen4_exp, llama, qwen3,"]),
 ])
 def test_every_help_is_plain_text_with_its_values(args, values):
     out = run_cli(*args, "--help")
@@ -79,6 +84,9 @@ def test_doctor_says_when_freetoken_cannot_be_imported(blocked):
     assert out.returncode == 1, out.stdout + out.stderr
     lines = dict(line.strip().split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
     assert lines["freetoken"].startswith("PROBLEM: cannot be imported: ")
+    assert lines["freetoken"].endswith("fix: pip install freetoken==0.2.1" if blocked == "freetoken" else
+                                       "fix: see the error: FreeToken itself fails to import")
+    assert "--site" not in out.stdout  # the series line speaks to doctor's reader, not to patch's options
     assert "Traceback" not in out.stdout + out.stderr
 
 
@@ -104,12 +112,12 @@ def test_mode_before_run_is_pointed_at_run(capsys):
 def test_the_patch_script_calls_itself_by_its_name_and_counts_in_english(tmp_path):
     from pathlib import Path
 
-    from freetoken_graphfix import patching
+    from freetoken_graphfix import series
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "freetoken-patch"
     out = subprocess.run([sys.executable, str(script), "bogus"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.splitlines()[-1].startswith("freetoken-patch: error: argument ACTION")
-    assert patching._count([Path("a")]) == "1 patch" and patching._count([Path("a"), Path("b")]) == "2 patches"
+    assert series._count([Path("a")]) == "1 patch" and series._count([Path("a"), Path("b")]) == "2 patches"
 
 
 def test_doctor_says_a_bad_mode_once_and_where_each_part_is(tmp_path):

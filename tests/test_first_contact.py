@@ -61,8 +61,12 @@ def test_doctor_and_patch_without_wrapt(tmp_path):
             "sys.exit(main(sys.argv[1:]))")
     doctor = subprocess.run([sys.executable, "-c", code, "doctor", "--no-bench"], env=child_env(None),
                             capture_output=True, text=True, timeout=120)
-    assert doctor.returncode == 1 and "PROBLEM: cannot be loaded" in doctor.stdout and "wrapt" in doctor.stdout
-    assert "Traceback" not in doctor.stderr
+    assert doctor.returncode == 1 and "Traceback" not in doctor.stderr
+    lines = dict(line.strip().split(": ", 1) for line in doctor.stdout.splitlines() if ": " in line)
+    assert lines["shim"].startswith("PROBLEM: cannot be loaded: ") and "wrapt" in lines["shim"]
+    assert lines["shim"].endswith("; fix: pip install wrapt packaging")
+    for label in ("freetoken", "patch series", "bootstrap .pth", "shim in new processes", "auto", "off"):
+        assert label in lines, label  # the report goes on past the problem
     patch = subprocess.run([sys.executable, "-c", code, "patch", "check", "--repo", str(tmp_path)],
                            env=child_env(None), capture_output=True, text=True, timeout=120)
     assert "Traceback" not in patch.stderr and "wrapt" not in patch.stderr, patch.stderr
@@ -113,26 +117,27 @@ def test_the_console_script_exits_130_on_an_early_ctrl_c(tmp_path):
     assert out.returncode == 130 and out.stderr == "", out.stderr
 
 
-def test_startup_with_too_few_runs_is_no_verdict(tmp_path):
-    """Three runs cannot give a 95% interval: the report says so instead of nan and "met"; the JSON is
-    strict (no NaN)."""
+def test_startup_with_too_few_runs_is_refused_before_it_runs(tmp_path):
+    """Fewer than eight runs cannot give a 95% interval: refused up front (one line, exit 2), not run
+    for minutes and then left unjudged; eight run, and the JSON is strict (no NaN)."""
     record = tmp_path / "s.json"
-    out = run_cli("bench", "--startup", "--startup-runs", "3", "--json", str(record))
+    out = run_cli("bench", "startup", "--runs", "3", "--json", str(record))
+    assert out.returncode == 2 and out.stdout == "" and not record.exists()
+    assert out.stderr.strip().splitlines()[-1].endswith(
+        "error: argument --runs: '3': accepted values are whole numbers of 8 or more")
+    out = run_cli("bench", "startup", "--runs", "8", "--json", str(record))
     assert out.returncode == 0, out.stderr
-    assert "nan" not in out.stdout and "[n/a]" in out.stdout and "not judged: 3 runs are too few" in out.stdout
-    assert "NaN" not in record.read_text()
+    assert "nan" not in out.stdout and "target within +5 ms: " in out.stdout and "not judged" not in out.stdout
     import json
 
-    json.loads(record.read_text())
+    assert "NaN" not in record.read_text() and json.loads(record.read_text())["kind"] == "startup"
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--serve", "--markdown", "r.md"], "--markdown is written by the rig, --engine, --from-json, not by --serve"),
-    (["--deadlock", "--markdown", "r.md"],
-     "--markdown is written by the rig, --engine, --from-json, not by --deadlock"),
-    (["--deadlock", "--plot", "p.png"], "--plot is written by the rig, --engine, --from-json, not by --deadlock"),
-    (["--startup", "--plot", "p.png"], "--plot is written by the rig, --engine, --from-json, not by --startup"),
-    (["--write-model", "", "--family", "llama"], "--write-model '': accepted values are a new or empty directory"),
+    (["serve", "--markdown", "r.md"], "unrecognized arguments: --markdown r.md"),
+    (["deadlock", "--markdown", "r.md"], "unrecognized arguments: --markdown r.md"),
+    (["deadlock", "--plot", "p.png"], "unrecognized arguments: --plot p.png"),
+    (["startup", "--plot", "p.png"], "unrecognized arguments: --plot p.png"),
 ])
 def test_options_nothing_would_honour_are_refused(tmp_path, capsys, args, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -147,7 +152,7 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_the_run(tmp_pat
     ro = tmp_path / "r.json"
     ro.write_text("{}")
     ro.chmod(0o444)
-    out = subprocess.run(file_bound([sys.executable, "-m", "freetoken_graphfix", "bench", "--startup", "--json",
+    out = subprocess.run(file_bound([sys.executable, "-m", "freetoken_graphfix", "bench", "startup", "--json",
                                      str(ro)]), env=child_env(None), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and f"--json {str(ro)!r}: cannot be written (Permission denied)" in out.stderr
     assert ro.read_text() == "{}" and "Traceback" not in out.stderr
@@ -157,31 +162,31 @@ def test_write_model_in_a_read_only_folder_is_one_line(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o555)
-    out = subprocess.run(file_bound([sys.executable, "-m", "freetoken_graphfix", "bench", "--write-model",
+    out = subprocess.run(file_bound([sys.executable, "-m", "freetoken_graphfix", "bench", "write-model",
                                      str(locked / "m"), "--family", "llama"]), env=child_env(None),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    assert f"--write-model {str(locked / 'm')!r}: cannot write in {str(locked)!r} (Permission denied)" in out.stderr
+    assert f"write-model {str(locked / 'm')!r}: cannot write in {str(locked)!r} (Permission denied)" in out.stderr
     assert list(locked.iterdir()) == []
 
 
 def test_a_written_model_folder_follows_the_umask(tmp_path):
     out = subprocess.run([sys.executable, "-c", "import os, sys; os.umask(0o022); from freetoken_graphfix.bench "
-                          "import cli; sys.exit(cli.main(sys.argv[1:]))", "--write-model", str(tmp_path / "m"),
+                          "import cli; sys.exit(cli.main(sys.argv[1:]))", "write-model", str(tmp_path / "m"),
                           "--family", "llama"], env=child_env(None), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "m").stat().st_mode & 0o777 == 0o755
 
 
 @pytest.mark.parametrize("module, args", [
-    ("freetoken", ["--engine", "--model", "{llama}", "--", "--dummy-weight"]),
-    ("tokenizers", ["--write-model", "{new}", "--family", "qwen3"]),
+    ("freetoken", ["engine", "--model", "{llama}", "--", "--dummy-weight"]),
+    ("tokenizers", ["write-model", "{new}", "--family", "qwen3"]),
 ])
 def test_bench_without_a_module_it_needs_is_one_line(tmp_path, module, args):
     """Right after `pip install .`, FreeToken or the tokenizer library may be missing: one line naming
     the module and how to install it, exit 1, nothing written."""
     llama = tmp_path / "llama"
-    assert run_cli("bench", "--write-model", str(llama), "--family", "llama").returncode == 0
+    assert run_cli("bench", "write-model", str(llama), "--family", "llama").returncode == 0
     args = [a.format(llama=llama, new=tmp_path / "new") for a in args]
     code = (f"import sys; sys.modules[{module!r}] = None\nfrom freetoken_graphfix.bench import cli\n"
             "cli.cuda_missing = lambda: None  # as on a GPU machine\nsys.exit(cli.main(sys.argv[1:]))")
@@ -197,21 +202,21 @@ def test_no_gpu_is_said_before_freetoken_is_imported(tmp_path):
     """Without a CUDA device the engine bench refuses before importing FreeToken (seconds, not its
     import's ten), and nothing of FreeToken's log is printed."""
     llama = tmp_path / "llama"
-    assert run_cli("bench", "--write-model", str(llama), "--family", "llama").returncode == 0
+    assert run_cli("bench", "write-model", str(llama), "--family", "llama").returncode == 0
     code = ("import sys, torch; torch.cuda.is_available = lambda: False\nfrom freetoken_graphfix.bench import cli\n"
             "code = cli.main(sys.argv[1:]); print(sorted(m for m in sys.modules if m.startswith('freetoken.')))\n"
             "sys.exit(code)")
-    out = subprocess.run([sys.executable, "-c", code, "--engine", "--model", str(llama), "--", "--dummy-weight"],
+    out = subprocess.run([sys.executable, "-c", code, "engine", "--model", str(llama), "--", "--dummy-weight"],
                          env=child_env(None), capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and out.stdout.strip() == "[]", out.stdout
     assert out.stderr.strip().splitlines() == [
-        "python -m freetoken_graphfix bench: error: no CUDA device; nothing to measure (use --startup for the "
-        "start-up benchmark)"]
+        "python -m freetoken_graphfix bench engine: error: no CUDA device; nothing to measure (bench startup needs "
+        "none)"]
 
 
 def test_a_sigterm_to_the_startup_bench_leaves_no_venvs_behind(tmp_path):
     env = {**child_env(None), "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "bench", "--startup", "--startup-runs",
+    proc = subprocess.Popen([sys.executable, "-m", "freetoken_graphfix", "bench", "startup", "--runs",
                              "100000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from freetoken_graphfix import patching
+from freetoken_graphfix import diffs, series
 from freetoken_graphfix.errors import PatchError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,14 +48,14 @@ def target(request, freetoken_tree, tmp_path):
     tree = freetoken_tree("0.2.1")
     if request.param == "repo":
         co = checkout(tree, tmp_path / "FreeToken")
-        return patching.repo_target(co), co
-    return patching.Target(tree, 2, f"installed FreeToken at {tree / 'freetoken'}", package_only=True), tree
+        return series.repo_target(co), co
+    return series.Target(tree, 2, f"installed FreeToken at {tree / 'freetoken'}", package_only=True), tree
 
 
 def test_series_file_lists_every_patch_and_its_target():
-    names = [p.name for p in patching.series()]
+    names = [p.name for p in series.series()]
     assert names == sorted(p.name for p in (ROOT / "patches").glob("*.patch") if not p.name.startswith("0000"))
-    assert patching.series_target() == "0.2.1" and len(names) == SERIES
+    assert series.series_target() == "0.2.1" and len(names) == SERIES
     cover = (ROOT / "patches" / "0000-cover-letter.patch").read_text()
     assert "*** " not in cover  # git format-patch's blurb placeholders are written over
 
@@ -83,7 +83,7 @@ def test_the_cover_letter_is_short_and_its_benchmark_needs_freetoken_alone():
 
     shipped = inspect.getsource(DiskRowTable)  # the table's own names the script reads, in 0.2.1...
     assert all(name in script and name in shipped for name in ("_wait_sync", "host_fill_batch", "padded_size"))
-    first = (ROOT / "patches" / patching.series()[0].name).read_text()  # ...and the series' own
+    first = (ROOT / "patches" / series.series()[0].name).read_text()  # ...and the series' own
     assert "_unlaunched_bs" in script and "+        self._unlaunched_bs: set[int] = set()" in first
 
 
@@ -130,7 +130,7 @@ def test_commits_follow_freetokens_conventions():
     protect, the model named in the file name (tests/README.md: no per-model directory)."""
     import email
 
-    for patch in patching.series():
+    for patch in series.series():
         msg = email.message_from_string(patch.read_text())
         subject = " ".join(msg["Subject"].split()).split("] ", 1)[1]
         assert re.fullmatch(r"(feat|fix|perf|docs|chore|build|ci|test|refactor)\([a-z0-9_]+\): [a-z].*[^.]", subject)
@@ -146,22 +146,22 @@ def test_commits_follow_freetokens_conventions():
 def test_apply_double_apply_revert(target):
     tgt, tree = target
     original = digest(tree)
-    assert patching.state(tgt) == "not applied"
-    changed, message = patching.apply(tgt)
+    assert series.state(tgt)[1] == "not applied"
+    changed, message = series.apply(tgt)
     assert changed and message.startswith(f"applied {SERIES} patches")
     patched = digest(tree)
-    assert patching.state(tgt) == "applied"
+    assert series.state(tgt)[1] == "applied"
     prefix = "python/freetoken/" if tgt.strip == 1 else "freetoken/"
     touched = {k for k in original if original[k] != patched.get(k)} | (patched.keys() - original.keys())
     expected = {prefix + f for f in PACKAGE_FILES} | (NEW_TESTS if tgt.strip == 1 else set())
     assert touched == expected
-    assert patching.apply(tgt) == (False, f"the series is already applied to the {tgt.label}; nothing to do")
+    assert series.apply(tgt) == (False, f"the series is already applied to the {tgt.label}; nothing to do")
     assert digest(tree) == patched
-    changed, message = patching.revert(tgt)
+    changed, message = series.revert(tgt)
     assert changed and message.startswith(f"reverted {SERIES} patches")
     assert digest(tree) == original  # byte for byte, the new test files (and their folders) gone
     assert not (tree / "tests").exists()
-    assert patching.revert(tgt)[0] is False
+    assert series.revert(tgt)[0] is False
 
 
 @pytest.mark.parametrize("edited", sorted(PACKAGE_FILES))
@@ -181,11 +181,11 @@ def test_a_hand_edit_is_named_in_either_state(target, edited):
     for applied in (False, True):
         if applied:
             path.write_bytes(shipped)
-            patching.apply(tgt)
+            series.apply(tgt)
         edit()
         before = digest(tree)
         with pytest.raises(PatchError) as err:
-            (patching.revert if applied else patching.apply)(tgt)
+            (series.revert if applied else series.apply)(tgt)
         message = str(err.value)
         assert "\n" not in message and message.endswith("nothing was changed")
         assert f"{edited} matches neither the original nor the patched sources" in message
@@ -206,13 +206,13 @@ def test_a_failed_replace_puts_back_what_it_replaced(target, monkeypatch):
             raise PermissionError(13, "Permission denied")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(patching.os, "replace", flaky)
+    monkeypatch.setattr(series.os, "replace", flaky)
     with pytest.raises(PatchError) as err:
-        patching.apply(tgt)
+        series.apply(tgt)
     assert (f"Permission denied; the {files - 1} file(s) already replaced were put back, nothing was changed"
             in str(err.value))
     monkeypatch.undo()
-    assert digest(tree) == original and patching.state(tgt) == "not applied"
+    assert digest(tree) == original and series.state(tgt)[1] == "not applied"
     assert not (tree / "tests").exists()  # nor the folders made for the series' new test files
 
 
@@ -274,17 +274,17 @@ def test_apply_and_revert_keep_each_files_permissions(freetoken_tree, tmp_path):
     files = [co / "python/freetoken/models/qwen4_exp/ple_disk.py", co / "python/freetoken/engine/graph.py"]
     for f, mode in zip(files, (0o640, 0o755), strict=True):
         f.chmod(mode)
-    for action in (patching.apply, patching.revert):
-        action(patching.repo_target(co))
+    for action in (series.apply, series.revert):
+        action(series.repo_target(co))
         assert [f.stat().st_mode & 0o777 for f in files] == [0o640, 0o755], action.__name__
 
 
 def test_another_release_is_refused_in_one_line(freetoken_tree, tmp_path):
     co = checkout(freetoken_tree("0.2.0"), tmp_path / "FreeToken")
     original = digest(co)
-    for action in (patching.state, patching.apply, patching.revert):
+    for action in (series.state, series.apply, series.revert):
         with pytest.raises(PatchError) as err:
-            action(patching.repo_target(co))
+            action(series.repo_target(co))
         assert str(err.value).startswith(f"the checkout {co} is FreeToken 0.2.0; the patch series targets FreeToken "
                                          "0.2.1 only")
         assert "FT_GRAPH_UPLOAD=auto" in str(err.value) and "\n" not in str(err.value)
@@ -299,11 +299,20 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_patch_repo(tmp_path, freetoken_tree):
     co = checkout(freetoken_tree("0.2.1"), tmp_path / "co")
     out = run_cli("check", "--repo", str(co))
-    assert out.returncode == 0 and out.stdout.strip().endswith(": not applied")
+    assert out.returncode == 3 and out.stdout.strip().endswith(": not applied")  # a script can tell the states
     out = run_cli("apply", "--repo", str(co))
     assert out.returncode == 0 and out.stdout.strip() == f"applied {SERIES} patches to the checkout {co}"  # no note
+    out = run_cli("check", "--repo", str(co))
+    assert out.returncode == 0 and out.stdout.strip().endswith(": applied")
+    assert run_cli("revert", "--repo", str(co)).returncode == 0
+    first = series.series()[0]
+    subprocess.run(["git", "apply", str(first)], cwd=co, check=True)
+    out = run_cli("check", "--repo", str(co))
+    assert out.returncode == 4 and ": partly applied: the first 1 of" in out.stdout
     bad = run_cli("check", "--repo", str(tmp_path))
     assert bad.returncode == 1 and "no python/freetoken/ in it" in bad.stderr
+    assert "check's exit codes: 0 applied, 3 not applied, 4 partly applied" in " ".join(
+        run_cli("--help").stdout.split())
 
 
 @pytest.mark.parametrize("value", ["", "  "])
@@ -318,8 +327,8 @@ def test_site_note_only_after_applying_to_the_install(tmp_path, freetoken_tree, 
     from freetoken_graphfix import cli
 
     tree = freetoken_tree("0.2.1")
-    monkeypatch.setattr(patching, "site_target",
-                        lambda: patching.Target(tree, 2, "installed FreeToken (test copy)", package_only=True))
+    monkeypatch.setattr(series, "site_target",
+                        lambda: series.Target(tree, 2, "installed FreeToken (test copy)", package_only=True))
     printed = []
     monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
     for action, note in (("apply", True), ("apply", False), ("revert", False), ("revert", False)):
@@ -333,7 +342,7 @@ def test_site_note_only_after_applying_to_the_install(tmp_path, freetoken_tree, 
 def test_site_points_at_the_installed_freetoken():
     import freetoken
 
-    tgt = patching.site_target()
+    tgt = series.site_target()
     assert tgt.root == Path(freetoken.__file__).resolve().parents[1] and tgt.strip == 2 and tgt.package_only
 
 
@@ -341,12 +350,12 @@ def test_git_am_and_patch_apply_the_series(tmp_path, freetoken_tree):
     """The series is a real format-patch series: git am takes it, patch -p1 takes it, same result."""
     am = checkout(freetoken_tree("0.2.1"), tmp_path / "am")
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "am", "-q",
-                    *map(str, patching.series())], cwd=am, check=True)
+                    *map(str, series.series())], cwd=am, check=True)
     log = subprocess.run(["git", "log", "--format=%s", f"-{SERIES}"], cwd=am, capture_output=True, text=True).stdout
     assert log.splitlines() == ["perf(graph): stop uploading captured decode graphs",
                                 "fix(qwen4_exp): fill first launches of PLE graphs from the worker"]
     plain = checkout(freetoken_tree("0.2.1"), tmp_path / "plain", git=False)
-    for patch in patching.series():
+    for patch in series.series():
         subprocess.run(["patch", "-p1", "-s", "-i", str(patch)], cwd=plain, check=True)
     assert {k: v for k, v in digest(am).items() if not k.startswith(".git/")} == digest(plain)
 
@@ -355,7 +364,7 @@ def test_the_series_own_tests_pass_where_they_can_on_cpu(tmp_path, freetoken_tre
     """FreeToken's tests added by the series, run against the patched sources: the CPU ones pass,
     the GPU ones skip themselves here (they run on the H200)."""
     co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken")
-    patching.apply(patching.repo_target(co))
+    series.apply(series.repo_target(co))
     env = {k: v for k, v in os.environ.items() if k != "FT_GRAPH_UPLOAD"}
     env["PYTHONPATH"] = str(co / "python")
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=co, env=env,
@@ -416,7 +425,7 @@ def test_the_series_own_cpu_tests_catch_each_fixing_line_undone(tmp_path, freeto
     co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken", git=False)
     rel, old, new = MUTANTS[mutant]
     path = co / "python/freetoken" / rel
-    patching.apply(patching.repo_target(co))
+    series.apply(series.repo_target(co))
     text = path.read_text()
     assert text.count(old) == 1, mutant
     path.write_text(text.replace(old, new))
@@ -441,7 +450,7 @@ def patched_child(tree: Path, shim_mode: str | None) -> dict:
 @pytest.fixture(scope="module")
 def patched_021(freetoken_tree):
     tree = freetoken_tree("0.2.1")
-    patching.apply(patching.Target(tree, 2, "test tree", package_only=True))
+    series.apply(series.Target(tree, 2, "test tree", package_only=True))
     return tree
 
 
@@ -477,13 +486,13 @@ def test_shim_stands_down_on_patched_freetoken(patched_021):
 def test_patched_copy_leaves_the_install_alone(tmp_path, freetoken_tree, monkeypatch):
     """What bench --engine and --serve run the patched arms on: a patched copy, never the install."""
     tree = freetoken_tree("0.2.1")
-    monkeypatch.setattr(patching, "site_target",
-                        lambda: patching.Target(tree, 2, "installed FreeToken (test copy)", package_only=True))
+    monkeypatch.setattr(series, "site_target",
+                        lambda: series.Target(tree, 2, "installed FreeToken (test copy)", package_only=True))
     installed = digest(tree)
-    dest = patching.patched_copy(tmp_path / "patched")
+    dest = series.patched_copy(tmp_path / "patched")
     assert digest(tree) == installed
-    assert patching.state(patching.Target(dest, 2, "copy", package_only=True)) == "applied"
-    assert patching.patched_copy(tmp_path / "patched") == dest  # reused, not patched twice
+    assert series.state(series.Target(dest, 2, "copy", package_only=True))[1] == "applied"
+    assert series.patched_copy(tmp_path / "patched") == dest  # reused, not patched twice
 
 
 def test_hunks_apply_at_any_offset_and_without_a_final_newline(tmp_path):
@@ -493,14 +502,14 @@ def test_hunks_apply_at_any_offset_and_without_a_final_newline(tmp_path):
     patch.write_text("diff --git a/python/freetoken/x.py b/python/freetoken/x.py\n"
                      "--- a/python/freetoken/x.py\n+++ b/python/freetoken/x.py\n"
                      "@@ -1,2 +1,2 @@\n a\n-b\n\\ No newline at end of file\n+c\n\\ No newline at end of file\n")
-    target = patching.Target(tmp_path, 1, "test")
-    (diff,) = patching._diffs(patch, target)
-    assert diff.rel == "python/freetoken/x.py" and not diff.new
+    target = series.Target(tmp_path, 1, "test")
+    (diff,) = series._diffs(patch, target)
+    assert diff.path == "python/freetoken/x.py" and not diff.new
     moved = ["header\n", "a\n", "b"]  # two lines above where the hunk says, and no final newline
-    assert patching._patch_file(moved, diff, reverse=False) == ["header\n", "a\n", "c"]
-    assert patching._patch_file(["header\n", "a\n", "c"], diff, reverse=True) == moved
-    with pytest.raises(patching._Misfit, match=r"hunk @@ -1,2 \+1,2 @@ does not fit python/freetoken/x.py"):
-        patching._patch_file(["a\n", "b\n"], diff, reverse=False)  # b with a newline is another line
+    assert diffs.apply(moved, diff, reverse=False) == ["header\n", "a\n", "c"]
+    assert diffs.apply(["header\n", "a\n", "c"], diff, reverse=True) == moved
+    with pytest.raises(diffs.Misfit, match=r"hunk @@ -1,2 \+1,2 @@ does not fit python/freetoken/x.py"):
+        diffs.apply(["a\n", "b\n"], diff, reverse=False)  # b with a newline is another line
 
 
 def test_a_file_the_series_edits_but_the_tree_lacks_is_never_created(tmp_path, monkeypatch):
@@ -510,20 +519,20 @@ def test_a_file_the_series_edits_but_the_tree_lacks_is_never_created(tmp_path, m
     patch.write_text("diff --git a/python/freetoken/x.py b/python/freetoken/x.py\n"
                      "--- a/python/freetoken/x.py\n+++ b/python/freetoken/x.py\n@@ -0,0 +1 @@\n+added\n")
     (tmp_path / "python" / "freetoken").mkdir(parents=True)
-    monkeypatch.setattr(patching, "series", lambda: [patch])
-    monkeypatch.setattr(patching, "check_release", lambda target: None)
-    target = patching.Target(tmp_path, 1, "test tree")
-    with pytest.raises(patching.PatchError, match="does not fit the series"):
-        patching.apply(target)
+    monkeypatch.setattr(series, "series", lambda: [patch])
+    monkeypatch.setattr(series, "check_release", lambda target: None)
+    target = series.Target(tmp_path, 1, "test tree")
+    with pytest.raises(series.PatchError, match="does not fit the series"):
+        series.apply(target)
     assert not (tmp_path / "python" / "freetoken" / "x.py").exists()
 
 
 def _apply_or_revert(root: str, action: str, barrier, results) -> None:
     """One concurrent patch run (in a forked process): wait for the others, then act."""
-    target = patching.repo_target(root)
+    target = series.repo_target(root)
     barrier.wait()
     try:
-        changed, _ = (patching.apply if action == "apply" else patching.revert)(target)
+        changed, _ = (series.apply if action == "apply" else series.revert)(target)
         results.put(("ok", action, changed))
     except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on any
         results.put(("error", action, repr(exc)))
@@ -539,9 +548,9 @@ def test_concurrent_applies_and_reverts_never_mix_the_tree(tmp_path, freetoken_t
 
     co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken", git=False)
     original = digest(co)
-    patching.apply(patching.repo_target(co))
+    series.apply(series.repo_target(co))
     patched = digest(co)
-    patching.revert(patching.repo_target(co))
+    series.revert(series.repo_target(co))
     ctx, rng = mp.get_context("fork"), random.Random(7)
     for round_ in range(100):
         actions = [rng.choice(("apply", "revert")) for _ in range(3)]
@@ -565,7 +574,7 @@ def test_a_target_file_that_is_not_utf8_is_named(target):
         shipped = path.read_bytes()
         path.write_bytes(shipped + b"# \xff\n")
         before = digest(tree)
-        for action in (patching.state, patching.apply, patching.revert):
+        for action in (series.state, series.apply, series.revert):
             with pytest.raises(PatchError) as err:
                 action(tgt)
             message = str(err.value)
@@ -604,14 +613,14 @@ def test_a_tree_holding_the_first_patches_is_named_and_moved_either_way(freetoke
     tree is, apply finishes the series, revert undoes what is there, to the release's bytes."""
     co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken", git=False)
     original = digest(co)
-    first = patching.series()[0]
+    first = series.series()[0]
     subprocess.run(["patch", "-p1", "-s", "-i", str(first)], cwd=co, check=True)
-    tgt = patching.repo_target(co)
-    assert patching.state(tgt) == (f"partly applied: the first 1 of 2 patches ({first.name}); 'patch apply' applies "
+    tgt = series.repo_target(co)
+    assert series.state(tgt)[1] == (f"partly applied: the first 1 of 2 patches ({first.name}); 'patch apply' applies "
                                    "the rest, 'patch revert' undoes them")
-    assert patching.apply(tgt) == (True, f"applied 1 patch to the {tgt.label}")
-    assert patching.state(tgt) == "applied"
-    patching.revert(tgt)
+    assert series.apply(tgt) == (True, f"applied 1 patch to the {tgt.label}")
+    assert series.state(tgt)[1] == "applied"
+    series.revert(tgt)
     subprocess.run(["patch", "-p1", "-s", "-i", str(first)], cwd=co, check=True)
-    assert patching.revert(tgt) == (True, f"reverted 1 patch from the {tgt.label}")
+    assert series.revert(tgt) == (True, f"reverted 1 patch from the {tgt.label}")
     assert digest(co) == original

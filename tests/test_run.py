@@ -17,16 +17,26 @@ from .test_bootstrap import alive, child_env, run_cli, supervised
 
 
 @pytest.mark.parametrize("first_line, why", [
-    ("echo hi\n", "cannot execute: exec format error (not a program, and no #! line)"),
+    ("\0\x7fnot a program\n", "cannot execute binary file: exec format error"),
     ("#!/nonexistent/interp\necho hi\n", "bad interpreter: '/nonexistent/interp': no such file"),
 ])
 def test_a_command_that_cannot_be_executed_exits_126_in_one_line(tmp_path, first_line, why):
     script = tmp_path / "tool"
-    script.write_text(first_line)
+    script.write_bytes(first_line.encode())
     script.chmod(0o755)
     out = run_cli("run", "--", str(script))
     assert out.returncode == 126 and out.stdout == ""
     assert out.stderr == f"freetoken_graphfix: error: run: {str(script)!r}: {why}\n"
+
+
+def test_an_executable_text_file_without_a_shebang_runs_under_sh_as_a_shell_runs_it(tmp_path):
+    """bash and dash run an executable text file with no #! line as a shell script: so does run."""
+    script = tmp_path / "tool"
+    script.write_text('echo "hi $1"\nexit 3\n')
+    script.chmod(0o755)
+    shell = subprocess.run(["sh", "-c", f"{script} there"], capture_output=True, text=True, timeout=60)
+    out = run_cli("run", "--", str(script), "there")
+    assert (out.returncode, out.stdout) == (shell.returncode, shell.stdout) == (3, "hi there\n")
 
 
 def test_an_empty_mode_is_an_error_not_auto():
@@ -60,7 +70,7 @@ def test_sigquit_stops_the_child_not_only_the_wrapper(tmp_path):
             os.kill(child, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("module", ["freetoken_graphfix.cli", "freetoken_graphfix.run"])
+@pytest.mark.parametrize("module", ["freetoken_graphfix.cli", "freetoken_graphfix.launcher"])
 def test_ctrl_c_while_the_wrapper_imports_prints_no_traceback(module):
     """Ctrl-C while python -m freetoken_graphfix is still importing its modules (before any handler
     of its own exists): exit 130 as a shell reports an interrupt, one quiet exit, no traceback. The
@@ -211,7 +221,7 @@ def test_a_signal_before_the_child_exists_reaches_it(tmp_path):
     from .test_bootstrap import TRAPPER
 
     (tmp_path / "trapper.py").write_text(TRAPPER)
-    code = ("import os, signal, sys\nfrom freetoken_graphfix import run\nreal = run._start\n"
+    code = ("import os, signal, sys\nfrom freetoken_graphfix import launcher as run\nreal = run._start\n"
             "def early(argv, env, mask, **kw):\n    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    return real(argv, env, mask, **kw)\n"
             "run._start = early\n"
@@ -225,7 +235,7 @@ def test_a_signal_left_pending_when_the_child_exits_does_not_replace_its_code(tm
     relay thread takes the wrapper's copy, that copy is still pending as the wrapper restores its
     signal mask, and must not end the wrapper with KeyboardInterrupt instead of the child's code. Made
     exact here: the relay thread starts waiting only once the child has exited."""
-    code = ("import os, signal, sys, threading\nfrom freetoken_graphfix import run\n"
+    code = ("import os, signal, sys, threading\nfrom freetoken_graphfix import launcher as run\n"
             "exited = threading.Event()\nrun_, stop = run._Relay._run, run._Relay.stop\n"
             "run._Relay._run = lambda self: (exited.wait(), run_(self))\n"
             "run._Relay.stop = lambda self: (exited.set(), stop(self))\n"
@@ -238,7 +248,7 @@ def test_a_signal_left_pending_when_the_child_exits_does_not_replace_its_code(tm
 def test_the_relay_thread_ends_with_the_child():
     """Once the child has exited, the relay thread takes the wake-up signal and ends: left waiting, the
     wrapper would wait for it (5 s) before it exits."""
-    code = ("import os, sys, threading\nfrom freetoken_graphfix import run\n"
+    code = ("import os, sys, threading\nfrom freetoken_graphfix import launcher as run\n"
             "assert run.supervise(['true'], dict(os.environ)) == 0\n"
             "print([t.name for t in threading.enumerate() if t.name == 'freetoken-graphfix-signals'])")
     out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True, timeout=60)
@@ -317,7 +327,7 @@ def test_a_deliberate_second_stop_after_a_group_kill_still_kills(tmp_path):
 def test_one_stop_signal_sent_twice_at_once_by_one_process_is_one_request():
     """The relay's rule itself, on its clock: the same signal from the same sender within REPEAT_S is a
     repeat; after it, or from another sender, it is a second request (which kills)."""
-    from freetoken_graphfix import run
+    from freetoken_graphfix import launcher as run
 
     sent = []
 
@@ -350,7 +360,7 @@ def test_a_late_repeat_after_the_child_exited_does_not_replace_its_code():
     """GNU timeout can be descheduled between its two kills: the repeat lands once the child has exited
     and its code is on its way out. ``run`` supervises with ``exiting``: the signal stays blocked and
     the wrapper exits with the child's code. (Without it, that SIGTERM would end the wrapper.)"""
-    code = ("import os, signal, sys, time\nfrom freetoken_graphfix import run\n"
+    code = ("import os, signal, sys, time\nfrom freetoken_graphfix import launcher as run\n"
             "status = run.supervise([sys.executable, '-c', 'import sys; sys.exit(42)'], dict(os.environ), "
             "exiting=True)\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(0.2)\nsys.exit(status)")
     out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True, timeout=60)

@@ -5,7 +5,8 @@ supervisor sends (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) goes on to
 process group when it made one of its own), the wrapper waits and exits with the child's code, and
 it never leaves the child running (orphaned, holding the GPU) nor kills it in the middle of its
 shutdown unless a second stop signal asks for that. A command that cannot be executed exits as a
-shell's would (127 not found, 126 found but not executable), with one line saying why.
+shell's would (127 not found, 126 found but not executable), with one line saying why; an executable
+text file without a ``#!`` line runs under ``/bin/sh``, as a shell runs it.
 """
 
 from __future__ import annotations
@@ -225,13 +226,29 @@ def _start(argv: Sequence[str], env: dict[str, str], mask: set[int], own_group: 
         return subprocess.Popen(list(argv), env=env, preexec_fn=in_child)
     except OSError as exc:
         name = argv[0]
+        if exc.errno == errno.ENOEXEC and _is_text(name):  # no #! line: a shell runs it as a shell script
+            return _start([SHELL, *argv], env, mask, own_group)
         if exc.errno == errno.ENOEXEC:
-            why = "cannot execute: exec format error (not a program, and no #! line)"
+            why = "cannot execute binary file: exec format error"
         elif exc.errno == errno.ENOENT:  # the file is there (resolve() saw it): its #! interpreter is not
             why = f"bad interpreter: {_interpreter(name)!r}: no such file"
         else:
             why = f"cannot execute: {exc.strerror or exc}"
         raise CommandError(f"run: {name!r}: {why}", NOT_EXECUTABLE) from None
+
+
+SHELL = "/bin/sh"  # what runs an executable text file without a #! line, as bash and dash do
+
+
+def _is_text(path: str) -> bool:
+    """Whether a shell would run ``path`` as a script: its first line (of the first 80 bytes, bash's
+    sample) holds no NUL byte."""
+    try:
+        with open(path, "rb") as fh:
+            sample = fh.read(80)
+    except OSError:
+        return False
+    return b"\0" not in sample.split(b"\n", 1)[0]
 
 
 def _prctl() -> Any:

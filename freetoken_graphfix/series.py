@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import diffs
 from .errors import PatchError, shown
 
 
@@ -109,103 +110,21 @@ def check_release(target: Target) -> None:
         raise PatchError(f"the {target.label} is FreeToken {have or 'of unknown version'}; the patch series targets "
                          f"FreeToken {want} only (its first-launch fill builds on {want}'s ple_disk.py _fill_decode). "
                          f"On {have or 'that release'}, protect the graphs with the shim instead: "
-                         "FT_GRAPH_UPLOAD=auto (see python -m freetoken_graphfix doctor)")
+                         "FT_GRAPH_UPLOAD=auto")
 
 
-@dataclass(frozen=True)
-class Hunk:
-    header: str  # "@@ -222,7 +222,8 @@ ...": how errors name it
-    old_start: int
-    old: list[str]  # the lines it expects (context and removed), with their line ends
-    new_start: int
-    new: list[str]  # the lines it leaves (context and added)
-
-
-@dataclass(frozen=True)
-class FileDiff:
-    rel: str  # path under the target's root
-    new: bool  # created by the patch (--- /dev/null)
-    hunks: list[Hunk]
-
-
-def _diffs(patch: Path, target: Target) -> list[FileDiff]:
-    """The patch's per-file diffs that concern ``target``, paths stripped as ``patch -p`` would."""
-    out: list[FileDiff] = []
-    old_path = path = None
-    hunks: list[Hunk] = []
-    lines = patch.read_text().splitlines(keepends=True)
-    i = 0
-
-    def close() -> None:
-        if path is not None and not (target.package_only and not path.startswith(PACKAGE)):
-            out.append(FileDiff("/".join(path.split("/")[target.strip - 1:]), old_path == "/dev/null", list(hunks)))
-
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("diff --git "):
-            close()
-            old_path, path, hunks = None, None, []
-        elif line.startswith("--- ") and path is None:
-            old_path = line[4:].strip()
-        elif line.startswith("+++ ") and path is None:
-            path = line[4:].strip().removeprefix("b/")
-        elif line.startswith("@@ ") and path is not None:
-            m = re.match(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", line)
-            old_n, new_n = int(m.group(2) or 1), int(m.group(4) or 1)
-            old: list[str] = []
-            new: list[str] = []
-            sign = " "
-            i += 1
-            while i < len(lines) and (len(old) < old_n or len(new) < new_n or lines[i].startswith("\\")):
-                body = lines[i]
-                if body.startswith("\\"):  # "\ No newline at end of file": the line before has none
-                    for side, signs in ((old, " -"), (new, " +")):
-                        if sign in signs:
-                            side[-1] = side[-1].rstrip("\n")
-                else:
-                    sign, text = body[0], body[1:]
-                    if sign in " -":
-                        old.append(text)
-                    if sign in " +":
-                        new.append(text)
-                i += 1
-            hunks.append(Hunk(line.rstrip("\n"), int(m.group(1)), old, int(m.group(3)), new))
-            continue
-        i += 1
-    close()
-    return out
+def _diffs(patch: Path, target: Target) -> list[diffs.FileDiff]:
+    """The patch's per-file diffs that concern ``target``, their paths under its root."""
+    return [d.placed(target.strip) for d in diffs.parse(patch.read_text())
+            if not (target.package_only and not d.path.startswith(PACKAGE))]
 
 
 def _files(target: Target) -> list[File]:
     out: dict[str, File] = {}
     for patch in series():
         for diff in _diffs(patch, target):
-            out.setdefault(diff.rel, File(diff.rel, diff.new))
+            out.setdefault(diff.path, File(diff.path, diff.new))
     return list(out.values())
-
-
-class _Misfit(Exception):
-    """A hunk whose lines are not in the file (in the direction tried)."""
-
-
-def _patch_file(text: list[str] | None, diff: FileDiff, reverse: bool) -> list[str] | None:
-    """``text`` (lines; ``None``: no such file) with ``diff`` applied, or reverted; exact lines,
-    any offset. ``None`` when reverting leaves nothing of a file the patch created."""
-    if diff.new and (text is not None) != reverse:
-        raise _Misfit(f"{diff.rel} {'already exists' if not reverse else 'is missing'}")
-    if text is None and not diff.new:  # an add-only hunk fits an empty file: never create one it edits
-        raise _Misfit(f"{diff.rel} is missing")
-    out, drift = list(text or []), 0
-    for h in diff.hunks:
-        want, put, start = (h.new, h.old, h.new_start) if reverse else (h.old, h.new, h.old_start)
-        guess = max(0, start - 1 + drift) if want else max(0, start + drift)
-        spots = [k for k in range(len(out) - len(want) + 1) if out[k:k + len(want)] == want]
-        if not spots:
-            raise _Misfit(f"hunk {h.header} does not fit {diff.rel}")
-        at = min(spots, key=lambda k: abs(k - guess))
-        out[at:at + len(want)] = put
-        drift += at - guess + len(put) - len(want)
-    return None if diff.new and reverse and not out else out
 
 
 def _apply_patches(contents: dict[str, list[str] | None], target: Target, patches: list[Path], reverse: bool,
@@ -214,11 +133,11 @@ def _apply_patches(contents: dict[str, list[str] | None], target: Target, patche
     when one does not fit."""
     for patch in (reversed(patches) if reverse else patches):
         for diff in _diffs(patch, target):
-            if only is not None and diff.rel != only:
+            if only is not None and diff.path != only:
                 continue
             try:
-                contents[diff.rel] = _patch_file(contents.get(diff.rel), diff, reverse)
-            except _Misfit as exc:
+                contents[diff.path] = diffs.apply(contents.get(diff.path), diff, reverse)
+            except diffs.Misfit as exc:
                 return f"{patch.name}: {exc}"
     return None
 
@@ -248,19 +167,28 @@ def _fits(target: Target, f: File, reverse: bool) -> str | None:
 
 
 def _diagnose(target: Target) -> str:
-    """Which file stops the series, in which direction: per file, original or patched or neither."""
+    """Which file stops the series, in which direction: per file, original or patched or neither, and
+    what brings each file that stops it back to the release."""
     original, patched = [], []
     for f in _files(target):
         forward, backward = _fits(target, f, False), _fits(target, f, True)
         if forward is None:
             original.append(f.rel)
         elif backward is None:
-            patched.append(f.rel)
+            patched.append(f)
         else:
             return (f"{f.rel} matches neither the original nor the patched sources (applying: {forward}; "
-                    f"reverting: {backward}); restore it from the release (or a clean checkout)")
-    return (f"partly patched: {', '.join(patched)} patched, {', '.join(original)} original; restore those "
-            "files from the release (or a clean checkout) and run the command again")
+                    f"reverting: {backward}); {_back_to_release([f])}")
+    return (f"partly patched: {', '.join(f.rel for f in patched)} patched, {', '.join(original)} original "
+            f"(not a prefix of the series); {_back_to_release(patched)} and run the command again")
+
+
+def _back_to_release(files: list[File]) -> str:
+    """``remove X (the release has no such file); restore Y from the release (or a clean checkout)``."""
+    new, edited = [f.rel for f in files if f.new], [f.rel for f in files if not f.new]
+    steps = ([f"remove {', '.join(new)} (the release has no such file)"] if new else []) + (
+        [f"restore {', '.join(edited)} from the release (or a clean checkout)"] if edited else [])
+    return "; ".join(steps)
 
 
 @contextlib.contextmanager
@@ -300,11 +228,13 @@ def _describe(k: int) -> str:
             "'patch apply' applies the rest, 'patch revert' undoes them")
 
 
-def state(target: Target) -> str:
-    """``"applied"``, ``"not applied"`` or ``"partly applied: ..."``; :class:`PatchError` naming the
-    file and hunk when the tree fits no prefix of the series."""
+def state(target: Target) -> tuple[int, str]:
+    """How many patches of the series, from the first, the tree holds, and that said in words:
+    ``"applied"``, ``"not applied"`` or ``"partly applied: ..."``. :class:`PatchError` naming the file
+    and hunk when the tree fits no prefix of the series."""
     with _locked(target, exclusive=False):
-        return _describe(_position(target)[0])
+        k = _position(target)[0]
+    return k, _describe(k)
 
 
 def apply(target: Target) -> tuple[bool, str]:
@@ -413,10 +343,12 @@ def patched_copy(dest: Path) -> Path:
 
 def describe_installed() -> str:
     """One line for doctor: which series, and its state on the installed FreeToken."""
+    if importlib.util.find_spec("freetoken") is None:
+        return f"not applicable: FreeToken is not installed (the series is for FreeToken {series_target()})"
     try:
         target = site_target()
         where = f"{_count(series())} for FreeToken {series_target()} in {patch_dir()}"
-        return f"{state(target)} ({where})"
+        return f"{state(target)[1]} ({where})"
     except PatchError as exc:
         return str(exc)
 

@@ -1,0 +1,175 @@
+"""``doctor``: what is installed, what the shim does with it here and in new processes, and a short check.
+
+Prints ``name: value`` lines, as ``coverage debug sys`` does. Every line that finds a problem says
+``PROBLEM:`` and how to fix it, and the report goes on past it (a missing dependency included), so
+one run shows everything that is wrong. With a CUDA device it ends with a short first-launch check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+
+from . import __version__, bootstrap, config
+from .errors import ConfigError, shown
+
+MODE_HELP = {
+    "auto": "no-op for graphs without a host-released WAIT; deferred (else warm) for the others",
+    "upload": "FreeToken's own behaviour: cuGraphUpload + synchronize on every graph",
+    "skip": "no upload anywhere; WARNING for graphs whose first launch can deadlock",
+    "warm": "one threaded warm replay at capture for graphs that need protection; no-op otherwise",
+    "deferred": "no upload; the first launch's PLE fill runs on a thread started before it",
+    "off": "the shim patches nothing (also 0, false)",
+}
+TURN_ON = (f"export {config.ENV_MODE}=auto before starting FreeToken, or start it with "
+           "freetoken-graphfix run -- <command>")
+INSTALL_FREETOKEN = "pip install freetoken==0.2.1"
+RIG_TIME = "about 75 s on an H200"  # bench rig's default run (docs/measurements.md, "Replay cost")
+
+Line = Callable[[str, str], None]
+
+
+class Report:
+    """The lines printed so far, and the problems among them."""
+
+    def __init__(self) -> None:
+        self.problems = 0
+        self.bad_mode = ""  # said once, on its own line: the lines after it refer to it
+
+    def line(self, key: str, value: str) -> None:
+        print(f"{key:>24}: {self.said(value)}")
+
+    def problem(self, key: str, what: str, fix: str) -> None:
+        self.problems += 1
+        self.line(key, f"PROBLEM: {what}; fix: {fix}")
+
+    def said(self, text: str) -> str:
+        return text.replace(self.bad_mode, f"{config.ENV_MODE} is not a valid mode (above)") if self.bad_mode else text
+
+
+def run(short_check: bool) -> int:
+    """Implementation of 'doctor'; exits 1 when it found a problem a user must fix."""
+    report = Report()
+    report.line("freetoken-graphfix", f"{__version__} at {os.path.dirname(os.path.abspath(__file__))}")
+    report.line("python", f"{sys.executable} ({sys.version.split()[0]})")
+    user_value = bootstrap.user_env_value()
+    _mode_line(report, user_value)
+    shim_loads = _shim_line(report)
+    imported = _freetoken_lines(report, shim_loads)
+    from . import series
+
+    report.line("patch series", series.describe_installed())
+    _new_processes(report, user_value)
+    report.line("turn it off", f"{config.ENV_MODE}=off (or 0, false), or pip uninstall freetoken-graphfix")
+    print("modes:")
+    for name, text in MODE_HELP.items():
+        print(f"{name:>24}: {text}")
+    if short_check and imported:
+        report.problems += _short_check(report.line)
+    return 1 if report.problems else 0
+
+
+def _mode_line(report: Report, user_value: str | None) -> None:
+    try:
+        mode = config.parse_mode(user_value)
+    except ConfigError as exc:
+        report.problem(config.ENV_MODE, str(exc), f"export {config.ENV_MODE}=auto (or unset it)")
+        report.bad_mode = str(exc)  # the lines after this one refer to it
+        return
+    report.line(config.ENV_MODE, f"unset (mode {mode.value})" if user_value is None else
+                f"{shown(user_value)} (mode {mode.value})")
+
+
+def _shim_line(report: Report) -> bool:
+    """Whether the shim itself can load (a ``--no-deps`` install may lack wrapt or packaging)."""
+    from . import _shim
+
+    shim, why = _shim()
+    if shim is None:
+        report.problem("shim", why, "pip install wrapt packaging")
+    return shim is not None
+
+
+def _freetoken_lines(report: Report, shim_loads: bool) -> bool:
+    """FreeToken as imported here, and what the shim did with it in this process; whether it imported."""
+    import freetoken_graphfix
+
+    with _quiet_freetoken():  # FreeToken's own INFO lines and progress bars are not this report
+        try:
+            import freetoken.engine.graph  # noqa: F401  (fires the shim's post-import hook)
+        except Exception as exc:
+            failure: Exception | None = exc
+        else:
+            failure = None
+        state = freetoken_graphfix.status()
+    found = state["freetoken"]
+    if failure is not None:
+        missing = isinstance(failure, ModuleNotFoundError) and (failure.name or "").split(".")[0] == "freetoken"
+        report.problem("freetoken", f"cannot be imported: {type(failure).__name__}: {failure}",
+                       INSTALL_FREETOKEN if missing else "see the error: FreeToken itself fails to import")
+        return False
+    tested = ("a tested release" if found["tested"] else "not inspected: the shim did not install"
+              if found["tested"] is None else "an untested release: decided by feature")
+    where = found["path"] or os.path.dirname(sys.modules["freetoken"].__file__)
+    report.line("freetoken", f"{found['version']} at {where} ({tested})")
+    if shim_loads:
+        report.line("shim in doctor", f"{'patched' if state['patched'] else 'not patched'}"
+                    + (f", mode {state['mode']}" if state["mode"] else "") + f": {state['reason']} (doctor imports the "
+                    "shim itself, so this holds for this process only)")
+        if state["deferred"]["reason"]:
+            report.line("deferred guard", f"{'available' if state['deferred']['available'] else 'unavailable'}: "
+                        f"{state['deferred']['reason']}")
+    return True
+
+
+def _new_processes(report: Report, user_value: str | None) -> None:
+    """What a process started from here gets: the ``.pth``, the variable, and how to turn it on."""
+    pth = bootstrap.installed_pth()
+    if pth is None:
+        report.problem("bootstrap .pth", "not installed: only processes that import freetoken_graphfix get the shim",
+                       "pip install freetoken-graphfix into this environment")
+    else:
+        report.line("bootstrap .pth", str(pth))
+    active, why = bootstrap.would_activate(user_value)
+    report.line("shim in new processes", f"{'installed' if active else 'NOT installed'}: {why}"
+                + (f"; to turn it on: {TURN_ON}" if user_value is None and pth is not None else ""))
+    report.line("interpreters", ", ".join(bootstrap.interpreters()))
+
+
+@contextlib.contextmanager
+def _quiet_freetoken() -> Iterator[None]:
+    """FreeToken logs through its own stdout handler, and the shim's lines would say again what the
+    report says: hold both back while the report imports FreeToken (the report's own lines are
+    printed after it)."""
+    before = logging.root.manager.disable
+    logging.disable(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logging.disable(before)
+
+
+def _short_check(line: Line) -> int:
+    """What one short run can support: a protected first launch against the unprotected control,
+    and the hook's cost at capture. The replay verdict needs ``bench`` (several instances)."""
+    try:
+        import torch
+    except ImportError:
+        line("short check", "skipped: torch is not importable")
+        return 0
+    if not torch.cuda.is_available():
+        line("short check", "skipped: no CUDA device")
+        return 0
+    from .bench import deadlock
+
+    check = deadlock.short_check()
+    for key, value in check.lines:
+        line(key, value)
+    line("replay verdict", f"freetoken-graphfix bench rig ({RIG_TIME}; does the upload cost this GPU?)")
+    line("short check log", check.log)
+    return check.problems
