@@ -51,7 +51,7 @@ def import_graph() -> dict[str, set[str]]:
 def test_no_import_circle():
     """A module that imports one that imports it back splits one job over two files: none does."""
     graph = import_graph()
-    assert graph["freetoken_graphfix.hooks"] >= {"freetoken_graphfix.bootstrap"}  # the walk sees imports
+    assert graph["freetoken_graphfix.shim"] >= {"freetoken_graphfix.bootstrap"}  # the walk sees imports
 
     def reach(start: str) -> set[str]:
         seen, todo = set(), [start]
@@ -63,3 +63,45 @@ def test_no_import_circle():
 
     circles = sorted(m for m in graph if m in reach(m))
     assert circles == []
+
+
+def resolved(*requirements: str) -> dict[str, str]:
+    """What pip would install, from scratch, for ``requirements``: name -> version (``--dry-run``)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "report.json"
+        subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                        "--report", str(report), *requirements], check=True, capture_output=True, timeout=600)
+        return {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
+                for i in json.loads(report.read_text())["install"]}
+
+
+def test_installing_beside_freetoken_moves_nothing_freetoken_resolves():
+    """pip resolves FreeToken 0.2.1 alone, then with this package: every package of the first
+    resolve keeps its version (a pinned dependency of ours, such as the cuda-python meta-package's
+    cuda-bindings~=13.4.4, would downgrade what torch brought), and ours adds only itself and wrapt."""
+    alone = resolved("freetoken==0.2.1")
+    beside = resolved("freetoken==0.2.1", str(ROOT))
+    assert {name: (version, beside.get(name)) for name, version in alone.items() if beside.get(name) != version} == {}
+    assert set(beside) - set(alone) <= {"freetoken-graphfix", "wrapt"}, sorted(set(beside) - set(alone))
+
+
+def test_every_dependency_is_imported_and_pins_nothing():
+    """No unused dependency (each is imported by the package), and none pinned to a version range
+    that could move what FreeToken's own requirements chose (lower bounds for APIs used only)."""
+    import re
+
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=~!; ]", d, maxsplit=1)[0]: d for d in deps}
+    imports = {"torch": "torch", "cuda-bindings": "cuda.bindings", "wrapt": "wrapt", "packaging": "packaging"}
+    assert set(names) == set(imports), names
+    source = "\n".join(p.read_text() for p in (ROOT / "freetoken_graphfix").rglob("*.py"))
+    for name, module in imports.items():
+        assert re.search(rf"^\s*(from|import) {re.escape(module)}\b", source, re.M), name
+        assert not re.search(r"(==|~=|<)", names[name]), names[name]
