@@ -88,8 +88,8 @@ def _hunk(lines: list[str], at: int) -> tuple[Hunk, int]:
 
 def apply(text: list[str] | None, diff: FileDiff, reverse: bool) -> list[str] | None:
     """``text`` (lines; ``None``: no such file) with ``diff`` applied, or reverted; exact lines, any
-    offset. ``None`` when reverting leaves nothing of a file the patch created. :class:`Misfit` when a
-    hunk does not fit."""
+    offset. ``None`` when reverting removes a file the patch created, which must hold exactly what it
+    created. :class:`Misfit` when a hunk does not fit."""
     if diff.new and (text is not None) != reverse:
         raise Misfit(f"{diff.path} {'already exists' if not reverse else 'is missing'}")
     if text is None and not diff.new:  # an add-only hunk fits an empty file: never create one it edits
@@ -104,4 +104,8 @@ def apply(text: list[str] | None, diff: FileDiff, reverse: bool) -> list[str] | 
         at = min(spots, key=lambda k: abs(k - guess))
         out[at:at + len(want)] = put
         drift += at - guess + len(put) - len(want)
-    return None if diff.new and reverse and not out else out
+    if diff.new and reverse:
+        if out:  # a file the patch created holds more than it created: a local change, not the series'
+            raise Misfit(f"{diff.path} holds {len(out)} line(s) the patch did not create")
+        return None
+    return out

@@ -58,6 +58,7 @@ def patch_dir() -> Path:
 
 
 def series() -> list[Path]:
+    """The patches, in the order ``patches/series`` lists them."""
     folder = patch_dir()
     names = [line.strip() for line in (folder / "series").read_text().splitlines()]
     return [folder / name for name in names if name and not name.startswith("#")]
@@ -72,6 +73,8 @@ def series_target() -> str:
 
 
 def repo_target(path: str | os.PathLike) -> Target:
+    """A FreeToken checkout given by ``--repo``, checked to hold ``python/freetoken/``; an empty path is an error, never
+    the install."""
     if not str(path).strip():
         raise PatchError("--repo '': empty path; pass a FreeToken checkout (the folder holding python/freetoken/), "
                          "or --site for the installed FreeToken")
@@ -89,6 +92,7 @@ def repo_target(path: str | os.PathLike) -> Target:
 
 
 def site_target() -> Target:
+    """The installed FreeToken (``--site``): its package folder, patched without the ``python/`` prefix."""
     spec = importlib.util.find_spec("freetoken")
     if spec is None or not spec.submodule_search_locations:
         raise PatchError("--site: FreeToken is not installed in this environment (no 'freetoken' package)")
@@ -120,6 +124,7 @@ def _diffs(patch: Path, target: Target) -> list[diffs.FileDiff]:
 
 
 def _files(target: Target) -> list[File]:
+    """Every file the series touches, once, with whether it creates it."""
     out: dict[str, File] = {}
     for patch in series():
         for diff in _diffs(patch, target):
@@ -158,6 +163,7 @@ def _lines(path: Path, target: Target) -> list[str] | None:
 
 
 def _read(target: Target) -> dict[str, list[str] | None]:
+    """The tree's current lines of every file the series touches (``None``: absent)."""
     return {f.rel: _lines(target.root / f.rel, target) for f in _files(target)}
 
 
@@ -179,8 +185,10 @@ def _diagnose(target: Target) -> str:
         else:
             return (f"{f.rel} matches neither the original nor the patched sources (applying: {forward}; "
                     f"reverting: {backward}); {_back_to_release([f])}")
-    return (f"partly patched: {', '.join(f.rel for f in patched)} patched, {', '.join(original)} original "
-            f"(not a prefix of the series); {_back_to_release(patched)} and run the command again")
+    states = [f"{', '.join(names)} {word}" for names, word in (([f.rel for f in patched], "patched"),
+                                                                (original, "original")) if names]
+    return (f"partly patched: {', '.join(states)} (not a prefix of the series); {_back_to_release(patched)} and "
+            "run the command again")
 
 
 def _back_to_release(files: list[File]) -> str:
@@ -219,6 +227,7 @@ def _position(target: Target) -> tuple[int, dict[str, list[str] | None]]:
 
 
 def _describe(k: int) -> str:
+    """A state in words: not applied, applied, or the first ``k`` patches with what to do next."""
     patches = series()
     if k == 0:
         return "not applied"
@@ -248,6 +257,7 @@ def revert(target: Target) -> tuple[bool, str]:
 
 
 def _move(target: Target, reverse: bool) -> tuple[bool, str]:
+    """Apply the rest of the series, or revert what is applied, under the tree's lock: all files or none."""
     with _locked(target, exclusive=True):
         k, current = _position(target)
         patches = series()[:k] if reverse else series()[k:]
@@ -316,6 +326,7 @@ def _discard(staged: list[tuple[Path, Path | None]], made: list[Path]) -> None:
 
 
 def _restore(path: Path, data: bytes | None) -> None:
+    """Put a file back as it was (``None``: it did not exist)."""
     if data is None:
         path.unlink(missing_ok=True)
     else:
@@ -354,4 +365,5 @@ def describe_installed() -> str:
 
 
 def _count(patches: list[Path]) -> str:
+    """``1 patch`` or ``N patches``."""
     return f"{len(patches)} patch{'' if len(patches) == 1 else 'es'}"

@@ -89,7 +89,7 @@ def test_the_cover_letter_is_short_and_its_benchmark_needs_freetoken_alone():
 
 def test_the_appendix_writes_the_models_the_bench_writes(tmp_path):
     """The letter's make_models.py (FreeToken and its requirements alone) writes what this package's
-    ``bench --write-model`` writes, which ran on the H200: the same config.json, the same tensors by
+    ``bench write-model`` writes, which ran on the H200: the same config.json, the same tensors by
     name, shape and dtype in the FTW checkpoint and in the disk PLE table; for the llama, the config."""
     import ast
 
@@ -484,7 +484,7 @@ def test_shim_stands_down_on_patched_freetoken(patched_021):
 
 
 def test_patched_copy_leaves_the_install_alone(tmp_path, freetoken_tree, monkeypatch):
-    """What bench --engine and --serve run the patched arms on: a patched copy, never the install."""
+    """What bench engine and bench serve run the patched arms on: a patched copy, never the install."""
     tree = freetoken_tree("0.2.1")
     monkeypatch.setattr(series, "site_target",
                         lambda: series.Target(tree, 2, "installed FreeToken (test copy)", package_only=True))
@@ -624,3 +624,35 @@ def test_a_tree_holding_the_first_patches_is_named_and_moved_either_way(freetoke
     subprocess.run(["patch", "-p1", "-s", "-i", str(first)], cwd=co, check=True)
     assert series.revert(tgt) == (True, f"reverted 1 patch from the {tgt.label}")
     assert digest(co) == original
+
+
+def test_a_tree_that_fits_no_state_names_each_file_and_what_brings_it_back(freetoken_tree, tmp_path):
+    """The second patch alone (applied by hand, out of order): not a prefix of the series. The error
+    names the file patched and the ones original, and says to restore the patched one; nothing changes."""
+    co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken", git=False)
+    second = series.series()[1]
+    subprocess.run(["patch", "-p1", "-s", "-i", str(second)], cwd=co, check=True)
+    tgt, before = series.repo_target(co), digest(co)
+    with pytest.raises(PatchError) as err:
+        series.apply(tgt)
+    message = str(err.value)
+    assert message.startswith(f"the {tgt.label} does not fit the series: partly patched: "
+                              "python/freetoken/engine/graph.py patched, ")
+    assert "python/freetoken/models/qwen4_exp/ple_disk.py" in message.split(" patched, ")[1].split(" original")[0]
+    assert "restore python/freetoken/engine/graph.py from the release (or a clean checkout)" in message
+    assert "remove" not in message and digest(co) == before
+
+
+def test_an_edited_new_test_file_is_to_be_removed_not_restored(freetoken_tree, tmp_path):
+    """A test file the series adds, edited after applying: the release never had it, so the fix is to
+    remove it, not to restore it from the release."""
+    co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken", git=False)
+    tgt = series.repo_target(co)
+    series.apply(tgt)
+    (new,) = sorted(NEW_TESTS)
+    (co / new).write_text((co / new).read_text() + "# a local change\n")
+    with pytest.raises(PatchError) as err:
+        series.revert(tgt)
+    assert f"{new} matches neither the original nor the patched sources" in str(err.value)
+    assert f"remove {new} (the release has no such file)" in str(err.value)
+    assert "restore" not in str(err.value)
