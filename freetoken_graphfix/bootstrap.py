@@ -73,6 +73,8 @@ def disarm() -> object:
 
 
 def _install(module: ModuleType) -> None:
+    """FreeToken's graph module was imported: run the armed hook, with the shim's own log handler where the ``.pth``
+    asked for one."""
     hook = _Pending.hook
     if hook is None:
         return
@@ -88,6 +90,8 @@ def start() -> None:
 
 
 def _add_log_handler() -> None:
+    """The shim's lines to stderr, tagged with the pid, where nothing else handles them: a spawned scheduler has no
+    logging set up, and its capture lines must still show."""
     import logging
 
     log = logging.getLogger("freetoken_graphfix")
@@ -180,6 +184,7 @@ def discard(name: str, hook: Callable[[ModuleType], None]) -> None:
 
 
 def _fire(module: ModuleType) -> None:
+    """Run and forget the hooks waiting for ``module``: each fires once, the first time the module is executed."""
     for hook in _hooks.pop(module.__name__, []):
         hook(module)
 
@@ -188,6 +193,8 @@ class _Finder:
     """Finds nothing itself: for a watched name it asks the other finders and wraps their loader."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        """A watched module's spec from the other finders, its loader wrapped so the hooks fire right after it executes;
+        ``None`` for every other name."""
         if name not in _hooks:
             return None
         for finder in sys.meta_path:
@@ -211,9 +218,11 @@ class _Loader:
         return getattr(self._loader, name)
 
     def create_module(self, spec: Any) -> Any:
+        """The real loader's module: the wrapper changes nothing but what happens after execution."""
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
+        """Execute the module with its real loader, then fire its hooks: the module is complete when they run."""
         module.__loader__ = self._loader  # inspect, linecache and pickle see the real loader
         if getattr(module, "__spec__", None) is not None:
             module.__spec__.loader = self._loader

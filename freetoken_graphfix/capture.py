@@ -186,6 +186,8 @@ def _defer_unavailable() -> str | None:
 
 
 def _warm(graph: Any, stream: Any, waits: list[Wait], name: str, upload: Callable[[], None]) -> None:
+    """The warm replay of one graph; where it failed, FreeToken's upload instead, or an error where falling back would
+    leave the graph running or a rank on another path than its peers."""
     outcome = warm_replay(graph, stream, waits, state.device, timeout_s=state.warm_timeout_s)
     if outcome.ok:
         return
@@ -200,5 +202,6 @@ def _warm(graph: Any, stream: Any, waits: list[Wait], name: str, upload: Callabl
 
 
 def _graph_and_stream(args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """``_upload_graph``'s graph and stream, however FreeToken passed them (by position or by name)."""
     values = list(args) + [kwargs[k] for k in ("graph", "stream") if k in kwargs]
     return values[0], values[1]

@@ -121,6 +121,8 @@ def parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``bench`` handed its arguments whole; one line and a shell's exit code for every error, Ctrl-C and a
+    closed pipe."""
     argv = sys.argv[1:] if argv is None else argv
     prog = program()
     try:

@@ -150,6 +150,8 @@ def has_extension(module: str) -> bool:
 
 
 def _params(fn: object) -> list[str] | None:
+    """A function's parameter names, or ``None`` where it has no readable signature: the shim checks a hook's signature
+    before wrapping it."""
     try:
         return list(inspect.signature(fn).parameters)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -157,6 +159,8 @@ def _params(fn: object) -> list[str] | None:
 
 
 def _source(fn: object) -> str:
+    """A function's source, or empty where none is readable (a compiled or stripped install): a detail not found is a
+    detail missing."""
     try:
         return inspect.getsource(fn)  # type: ignore[arg-type]
     except (OSError, TypeError):

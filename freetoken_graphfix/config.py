@@ -25,7 +25,7 @@ WARM_TIMEOUT_S = 10.0
 
 
 class Mode(str, enum.Enum):
-    """What the shim does with each captured graph (see README, "Modes")."""
+    """What the shim does with each captured graph (docs/modes.md)."""
 
     AUTO = "auto"  # no-op where no WAIT is released after the launch, else the fastest protection
     UPLOAD = "upload"  # FreeToken's own behaviour: cuGraphUpload + synchronize on every graph

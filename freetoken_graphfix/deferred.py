@@ -55,6 +55,8 @@ class StagedFill:
             self._fill()
 
     def run_on_helper(self, inference_mode: bool) -> None:
+        """The fill, on the helper thread in the engine thread's inference mode; its error kept for the engine thread to
+        raise after the launch."""
         import torch
 
         self.ran = True
@@ -98,23 +100,30 @@ class FillStager:
         return self.staged
 
     def take(self) -> StagedFill | None:
+        """The fill staged for the launch under way, handed over once: the next dispatch stages its own."""
         staged, self.staged = self.staged, None
         return staged
 
     def add(self, graph: Any, bs: int) -> None:
+        """Stage fills for ``graph``'s size until its first launch; held weakly, so a graph freed first (a rebuild)
+        stops it."""
         self._graphs[weakref.ref(graph, self._died)] = bs
         self.pending_bs = frozenset(self._graphs.values())
 
     def forget(self, graph: Any) -> None:
+        """``graph`` launched: stop staging for it, and leave the table as shipped once no graph waits."""
         self._died(weakref.ref(graph))
         if not self._graphs:
             self.remove()
 
     def _died(self, ref: weakref.ref) -> None:  # a graph freed before its first launch (a rebuild)
+        """A waiting graph was freed before its first launch (a rebuild, a dropped engine): its size no longer needs
+        staging."""
         self._graphs.pop(ref, None)
         self.pending_bs = frozenset(self._graphs.values())
 
     def remove(self) -> None:
+        """Take the stager off the table, unless something else shadowed ``host_fill_batch`` after it."""
         if vars(self._table).get("host_fill_batch") is self:
             del self._table.host_fill_batch
 
@@ -210,6 +219,7 @@ class FirstLaunchGuard:
         self._pending.add(graph)
 
     def forget(self, graph: Any) -> None:
+        """Unmark a graph whose first launch has happened."""
         self._pending.discard(graph)
 
     def protect_pending(self, how: str) -> int:

@@ -48,14 +48,18 @@ class Wait:
 
     @property
     def after_launch(self) -> bool:
+        """Whether the host releases this WAIT only after the launch returns: the one kind that needs protecting."""
         return self.release is Release.AFTER_LAUNCH
 
     def describe(self) -> dict[str, str]:
+        """The WAIT as ``status()`` reports it: its owner, when it is released, its flag's address."""
         ptr = self.flag.data_ptr() if hasattr(self.flag, "data_ptr") else id(self.flag)
         return {"owner": self.kind, "release": self.release.value, "flag": hex(ptr)}
 
 
 def _class_from(module: str, name: str) -> type | None:
+    """A class from a module already loaded, or ``None``: never import, since a WAIT's owner is loaded whenever it owns
+    one."""
     mod = sys.modules.get(module)  # never import: the owner's module is loaded if it owns a WAIT
     return getattr(mod, name, None) if mod is not None else None
 
@@ -108,12 +112,13 @@ def outer_frames(depth: int = _SEARCH_DEPTH) -> list[FrameType]:
 
 class RawFlag:
     """A flag known only by its address (0.1.3 passes ``data_ptr()``), when no owner's ``_flag``
-    tensor has it: enough for the strategies, which read and write flags by address."""
+    tensor has it: enough for the protections, which read and write flags by address."""
 
     def __init__(self, ptr: int) -> None:
         self._ptr = ptr
 
     def data_ptr(self) -> int:
+        """The flag's address, as a tensor would give it."""
         return self._ptr
 
 
@@ -132,6 +137,8 @@ def wait_from_caller(flag: Any) -> Wait:
 
 
 def _flag_of(owner: Any, flag: Any) -> Any:
+    """The flag tensor for a WAIT call given an address: the owner's own flag where it matches, else the bare
+    address."""
     if not isinstance(flag, int):
         return flag
     own = getattr(owner, "_flag", None)
@@ -164,9 +171,12 @@ class WaitRecorder:
         self._waits: list[tuple[Wait, int | None]] = []
 
     def add(self, wait: Wait, graph_id: int | None = None) -> None:
+        """Record a WAIT captured, with the graph it was captured into (``None`` where the capture is not known)."""
         self._waits.append((wait, graph_id))
 
     def drain(self) -> list[Wait]:
+        """Every WAIT recorded since the last drain, and none left: on 0.2.x the WAITs of the graph just
+        captured, since ``_upload_graph`` runs right after each capture."""
         waits, self._waits = self._waits, []
         return [w for w, _ in waits]
 
@@ -177,4 +187,5 @@ class WaitRecorder:
         return mine
 
     def clear(self) -> None:
+        """Forget every WAIT recorded: a pass starts clean, and one that raised leaves none behind."""
         self._waits = []

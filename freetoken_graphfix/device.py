@@ -1,4 +1,4 @@
-"""The thin seam between the strategies and the GPU, so the strategy logic runs on CPU in tests.
+"""The thin seam between the decisions and the GPU, so their logic runs on CPU in tests.
 
 Flags are 1-element int64 host tensors (pinned on CUDA); they are read and written from the host
 with plain loads and stores, exactly as the GPU's stream memops see them, on any device.
@@ -15,33 +15,43 @@ from typing import Any, Protocol
 
 
 class Device(Protocol):
-    """What the strategies need from the device: capture state, launch, upload, bounded wait, rank
+    """What the protections need from the device: capture state, launch, upload, bounded wait, rank
     count, and the calling thread's device for the helper threads it starts."""
 
-    def is_capturing(self) -> bool: ...
+    def is_capturing(self) -> bool:
+        """Whether the calling thread's current stream is capturing a graph: a WAIT enqueued then belongs to that
+        graph."""
 
-    def replay(self, graph: Any, stream: Any) -> None: ...
+    def replay(self, graph: Any, stream: Any) -> None:
+        """Launch ``graph`` on ``stream``, the stream it was captured on."""
 
-    def upload(self, graph: Any, stream: Any) -> None: ...
+    def upload(self, graph: Any, stream: Any) -> None:
+        """FreeToken's protection: ``cuGraphUpload`` of ``graph`` on ``stream``, then a synchronize."""
 
-    def wait_idle(self, stream: Any, timeout_s: float) -> bool: ...
+    def wait_idle(self, stream: Any, timeout_s: float) -> bool:
+        """Whether ``stream`` finished its work within ``timeout_s``: a warm replay never waits forever."""
 
-    def world_size(self) -> int: ...
+    def world_size(self) -> int:
+        """The tensor-parallel world size: a rank must not fall back alone where its peers did not."""
 
-    def helper_context(self) -> Callable[[], AbstractContextManager[None]]: ...
+    def helper_context(self) -> Callable[[], AbstractContextManager[None]]:
+        """What a helper thread enters to run on the calling thread's CUDA device."""
 
-    def track_captures(self) -> AbstractContextManager[Callable[[], int | None]]: ...
+    def track_captures(self) -> AbstractContextManager[Callable[[], int | None]]:
+        """A getter of the graph each capture is for, while the block runs: a WAIT is attributed to its own graph."""
 
 
 class CudaDevice:
     """The real device: torch's CUDA graphs and streams, FreeToken's tensor-parallel info."""
 
     def is_capturing(self) -> bool:
+        """torch's own answer for the current stream."""
         import torch
 
         return torch.cuda.is_current_stream_capturing()
 
     def replay(self, graph: Any, stream: Any) -> None:
+        """``graph.replay()`` with ``stream`` current."""
         import torch
 
         # A runtime rebuild in overlap mode captures with the scheduler's stream current, not
@@ -61,6 +71,8 @@ class CudaDevice:
         stream.synchronize()
 
     def wait_idle(self, stream: Any, timeout_s: float) -> bool:
+        """Poll an event recorded on ``stream`` every 50 µs until ``timeout_s``: a bounded wait, unlike a
+        synchronize."""
         import torch
 
         done = torch.cuda.Event()
@@ -111,6 +123,8 @@ class CudaDevice:
                 del cls.capture_begin
 
     def world_size(self) -> int:
+        """FreeToken's tensor-parallel size, 1 where it has no such notion (a release without
+        ``freetoken.distributed``)."""
         try:
             from freetoken.distributed import try_get_tp_info
         except ImportError:
@@ -120,6 +134,7 @@ class CudaDevice:
 
 
 def _word(flag: Any) -> ctypes.c_int64:
+    """The flag's 64-bit word in pinned host memory, read and written without a CUDA call."""
     return ctypes.c_int64.from_address(flag.data_ptr())
 
 

@@ -41,13 +41,16 @@ class Report:
         self.bad_mode = ""  # said once, on its own line: the lines after it refer to it
 
     def line(self, key: str, value: str) -> None:
+        """One ``key: value`` line, the keys right-aligned so a reader's eye runs down the values."""
         print(f"{key:>24}: {self.said(value)}")
 
     def problem(self, key: str, what: str, fix: str) -> None:
+        """A ``PROBLEM:`` line with its fix, counted: doctor exits 1 when there is one."""
         self.problems += 1
         self.line(key, f"PROBLEM: {what}; fix: {fix}")
 
     def said(self, text: str) -> str:
+        """A line that would repeat the bad-mode error pointed back at it, so the error is said once."""
         return text.replace(self.bad_mode, f"{config.ENV_MODE} is not a valid mode (above)") if self.bad_mode else text
 
 
@@ -74,6 +77,7 @@ def run(short_check: bool) -> int:
 
 
 def _mode_line(report: Report, user_value: str | None) -> None:
+    """The ``FT_GRAPH_UPLOAD`` line: the value as the user set it and the mode it gives, or the problem with its fix."""
     try:
         mode = config.parse_mode(user_value)
     except ConfigError as exc:

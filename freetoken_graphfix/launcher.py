@@ -152,6 +152,7 @@ class _Relay:
         self.thread.start()
 
     def _run(self) -> None:
+        """The signal thread: each signal waited for synchronously, so the handling runs outside any signal handler."""
         while True:
             info = signal.sigwaitinfo(self.signals)
             if self.done:
@@ -159,6 +160,8 @@ class _Relay:
             self.handle(info.si_signo, info.si_code, info.si_pid)
 
     def handle(self, signum: int, code: int, sender: int = 0, now: float | None = None) -> None:
+        """One signal: a stop request passed on once (a repeat from the same sender within 0.2 s is the same request), a
+        second one kills, the others passed on."""
         if signum in STOPPING:
             now = time.monotonic() if now is None else now
             repeated = (code == SI_USER and sender and self.last is not None and self.last[:2] == (signum, sender)
@@ -187,6 +190,7 @@ class _Relay:
             return True
 
     def stop(self) -> None:
+        """End the signal thread: wake its ``sigwaitinfo`` and wait for it."""
         self.done = True
         signal.pthread_kill(self.thread.ident, signal.SIGUSR1)  # wakes sigwaitinfo, which then returns
         self.thread.join(timeout=5)

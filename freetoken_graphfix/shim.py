@@ -92,6 +92,8 @@ def install_armed() -> None:
 
 
 def _switch(mode: Mode, device: Device, warm_timeout_s: float) -> None:
+    """``install()`` on an installed shim: switch the mode for graphs captured from now on; to or from ``off``,
+    reinstall."""
     state.device, state.warm_timeout_s = device, warm_timeout_s
     before = state.mode
     if mode is before:
@@ -141,6 +143,7 @@ def uninstall() -> None:
 
 
 def _restore_env(value: str | None) -> None:
+    """``FT_GRAPH_UPLOAD`` back as the user had it (``None``: unset)."""
     if value is None:
         os.environ.pop(config.ENV_MODE, None)
     else:
@@ -182,6 +185,8 @@ def _armed_mode() -> str | None:
 
 
 def _reason() -> str:
+    """Why the shim is not patching, in one line for ``status()``: a bad value, off, waiting for FreeToken, or not
+    installed."""
     if state.config_error:
         return state.config_error
     if not state.installed and bootstrap.env_before() is not bootstrap.NOT_ARMED:
@@ -199,12 +204,15 @@ def _reason() -> str:
 
 
 def _freetoken_installed() -> bool:
+    """Whether FreeToken can be imported here, found without importing it."""
     return "freetoken" in sys.modules or importlib.util.find_spec("freetoken") is not None
 
 
 # ---------------------------------------------------------------- patching FreeToken
 
 def _on_graph_import(graph: ModuleType) -> None:
+    """FreeToken's graph module was imported: check what this release offers and wrap its hooks, all or nothing; any
+    failure leaves FreeToken as shipped."""
     from . import capture
 
     if not state.installed or state.mode is Mode.OFF or state.patches:
@@ -282,12 +290,15 @@ def _stand_down(reason: str) -> None:
 
 
 def _wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
+    """Wrap ``owner.name`` and remember what was there and what we put, so ``uninstall()`` can tell ours from a later
+    patch."""
     original = vars(owner)[name]
     wrapt.wrap_function_wrapper(owner, name, wrapper)
     state.patches.append((owner, name, original, vars(owner)[name]))
 
 
 def _unwrap_all() -> None:
+    """Undo every wrap, last first."""
     while state.patches:
         restore(*state.patches.pop())
 

@@ -102,6 +102,38 @@ def test_two_captures_each_get_their_own_record(install, fake, engine):
     assert all(p["done"] for p in passes)
 
 
+def test_each_pass_writes_the_status_where_a_tool_asked_for_it(install, fake, engine, monkeypatch, tmp_path):
+    """``FT_GRAPHFIX_STATUS_DIR``: after every capture pass the process's status, read back as data by
+    a process that never imported the shim (``bench serve`` reads a server's decisions this way)."""
+    import os
+
+    from freetoken_graphfix import status_record
+
+    table, model = engine
+    monkeypatch.setenv("FT_GRAPHFIX_STATUS_DIR", str(tmp_path / "status"))
+    install("auto")
+    capture(fake, model)
+    (first,) = status_record.read_all(str(tmp_path / "status"))
+    assert first.pid == os.getpid() and [len(p.graphs) for p in first.passes] == [2]
+    table._wait_sync = False
+    capture(fake, model)  # a rebuild: the file is replaced, now with both passes
+    (second,) = status_record.read_all(str(tmp_path / "status"))
+    assert [[g.action for g in p.graphs] for p in second.passes] == [["deferred"] * 2, ["no-op"] * 2]
+    assert second.as_dict() == freetoken_graphfix.status()
+
+
+def test_an_unwritable_status_folder_is_a_warning_never_the_engines_failure(install, fake, engine, monkeypatch,
+                                                                            tmp_path, caplog):
+    _, model = engine
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("FT_GRAPHFIX_STATUS_DIR", str(tmp_path / "file"))
+    install("auto")
+    with caplog.at_level(logging.WARNING, "freetoken_graphfix"):
+        runner = capture(fake, model)
+    assert len(runner.graph_map) == 2
+    assert any("could not write the status to FT_GRAPHFIX_STATUS_DIR" in r.getMessage() for r in caplog.records)
+
+
 def test_a_failed_capture_does_not_leak_its_waits(install, fake, engine, monkeypatch):
     table, model = engine
     install("auto")
