@@ -1,12 +1,13 @@
-"""``python -m freetoken_graphfix bench ...`` run as a user runs it, for the GPU tests: its one
-record (``--json``) and its exit code."""
+"""``python -m freetoken_graphfix bench <benchmark> ...`` run as a user runs it, for the GPU tests: its
+record (``--json``, read back as ``bench report`` reads it) and its exit code."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
+
+from freetoken_graphfix.bench import record_files, records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,11 +20,10 @@ def bench_command(args: list[str], folder: Path) -> list[str]:
             "--json", str(folder / "record.json"), *args[cut:]]
 
 
-def bench_record(args: list[str], folder: Path, env: dict[str, str] | None = None) -> tuple[dict, int]:
+def bench_record(args: list[str], folder: Path, env: dict[str, str] | None = None) -> tuple[records.Record, int]:
     """Run ``bench`` with ``args`` (logs and the record kept in ``folder``); its stdout is printed."""
     record = folder / "record.json"
     out = subprocess.run(bench_command(args, folder), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     print("\n" + out.stdout)
     assert record.is_file(), out.stderr[-4000:]
-    (rec,) = json.loads(record.read_text())
-    return rec, out.returncode
+    return record_files.read(str(record)), out.returncode

@@ -1,9 +1,11 @@
 """The GPU tests' records: kept by the GPU run, read back on CPU by ``test_gpu_records``.
 
-A GPU run with ``GRAPHFIX_RECORDS=DIR`` writes each record it measured to ``DIR/<name>.json``;
-copied into ``tests/records/`` they are what CPU CI checks. Written trimmed: floats to five
-significant figures (every check and verdict reads far coarser), and machine paths cut to their
-last part, so a record says nothing of the machine it ran on but its GPU, driver and versions.
+A GPU run with ``GRAPHFIX_RECORDS=DIR`` writes what it measured: a bench record (``keep``) to
+``DIR/<name>.json``, exactly as ``bench --json`` writes it, which ``bench report`` reads; a GPU test's own
+steps (``keep_steps``) to ``DIR/steps/<name>.json``. Copied into ``tests/records/`` they are what CPU CI
+checks. Written trimmed: floats to five significant figures (every check and verdict reads far
+coarser), and machine paths cut to their last part, so a record says nothing of the machine it ran on
+but its GPU, driver and versions.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+
+from freetoken_graphfix.bench import record_files, records
 
 RECORDS = Path(__file__).with_name("records")
 ENV = "GRAPHFIX_RECORDS"
@@ -31,17 +35,32 @@ def trimmed(value: Any) -> Any:
     return value
 
 
-def keep(name: str, kind: str, record: Any, code: int | None = None) -> dict[str, Any]:
-    """``record`` as the checks read it; written to ``$GRAPHFIX_RECORDS/<name>.json`` when that is set."""
-    measured = {"kind": kind, "record": record, "code": code}
+def _write(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(trimmed(data), separators=(",", ":")) + "\n")
+
+
+def keep(name: str, record: records.Record) -> records.Record:
+    """A bench record, as the checks read it (trimmed, written and read back where ``GRAPHFIX_RECORDS``
+    is set, so the GPU run checks exactly what CPU CI will)."""
+    folder = os.environ.get(ENV)
+    if not folder:
+        return record
+    _write(Path(folder) / f"{name}.json", record_files.to_data(record))
+    return record_files.read(str(Path(folder) / f"{name}.json"))
+
+
+def keep_steps(name: str, steps: dict[str, Any]) -> dict[str, Any]:
+    """A GPU test's own steps (no bench record): written to ``steps/`` where ``GRAPHFIX_RECORDS`` is set."""
     folder = os.environ.get(ENV)
     if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        text = json.dumps(trimmed(measured), separators=(",", ":"))
-        (Path(folder) / f"{name}.json").write_text(text + "\n")
-    return measured
+        _write(Path(folder) / "steps" / f"{name}.json", steps)
+    return steps
 
 
-def load(name: str) -> dict[str, Any]:
-    with open(RECORDS / f"{name}.json", encoding="utf-8") as fh:
-        return json.load(fh)
+def load(name: str) -> records.Record:
+    return record_files.read(str(RECORDS / f"{name}.json"))
+
+
+def load_steps(name: str) -> dict[str, Any]:
+    return json.loads((RECORDS / "steps" / f"{name}.json").read_text(encoding="utf-8"))

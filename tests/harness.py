@@ -230,7 +230,9 @@ def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: i
     or FreeToken's own ``Engine.forward_batch`` when ``engine`` is given (``engine_for``).
     ``pad``: ``bs`` requests padded to the runner's next graph size, as the scheduler does."""
     # imported here, not at the top: tests/patched_run.py uses this module without the shim
-    from freetoken_graphfix.bench.rig import watchdog  # releases the flag: a blocked launch is reported, not hung
+    from freetoken_graphfix.bench.rig.pieces import (
+        watchdog,  # releases the flag: a blocked launch is reported, not hung
+    )
 
     batch, runs = make_batch(bs, seed, runner if pad else None)
     with watchdog(table._flag, watchdog_s) as fired, fake.stream(runner.stream):

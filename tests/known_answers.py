@@ -1,12 +1,13 @@
-"""Rig records of a known answer, in exactly the shape ``bench --json`` writes (``replay.run_arms``):
-12 instances a strategy, the instances' own medians a known spread apart, the upload slower (or
-faster) by a known amount, and the positive control's spin of known GPU time."""
+"""Rig records of a known answer, in exactly the shape ``bench rig --json`` writes (``rig.measure``):
+12 instances a mode, the instances' own medians a known spread apart, the upload slower (or faster)
+by a known amount, and the positive control's spin of known GPU time."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
+from freetoken_graphfix.bench import record_files, records
 from freetoken_graphfix.bench.verdicts import CONTROL_ADDED
 
 ACTIONS = {"upload": "upload", "skip": "exposed", "warm": "warm", "deferred": "deferred", "auto": "deferred",
@@ -15,7 +16,7 @@ ACTIONS = {"upload": "upload", "skip": "exposed", "warm": "warm", "deferred": "d
 
 def rig_record(cost: float, apart: float, seed: int, *, instances: int = 12, reps: int = 15,
                base_us: float = 550.0, control_read: float = CONTROL_ADDED, bs_list: tuple[str, ...] = ("2", "1"),
-               arms: tuple[str, ...] = tuple(ACTIONS)) -> dict[str, Any]:
+               arms: tuple[str, ...] = tuple(ACTIONS)) -> records.RigRecord:
     """Each instance's replays sit around its own median, drawn so that the instances of one arm lie
     about ``apart`` (max - min, relative) apart; ``upload`` is ``1 + cost`` times slower, the control
     its spin's recorded GPU time ``CONTROL_ADDED`` of the bs-1 step, read as ``control_read``."""
@@ -43,10 +44,12 @@ def rig_record(cost: float, apart: float, seed: int, *, instances: int = 12, rep
                                  for bs in bs_list},
                 "replay_us": replay, "logits_equal_upload": True, "gaps_us": {}}
 
-    record = {"env": {"gpu": "GPU", "driver": "1", "torch": "2", "freetoken": "0.2.1", "date": "today"},
+    record = {"kind": "rig", "schema": records.SCHEMA,
+              "env": {"gpu": "GPU", "driver": "1", "torch": "2", "freetoken": "0.2.1", "date": "today"},
               "config": {"kernels": 1090, "streams": 4, "no_wait": False, "h2d": False,
-                         "batch_sizes": [int(b) for b in bs_list], "instances": instances, "reps": reps},
-              "arms": {name: arm(name) for name in arms}, "command": "python -m freetoken_graphfix bench"}
+                         "batch_sizes": [int(b) for b in bs_list], "instances": instances, "reps": reps,
+                         "profile_reps": 0, "watchdog": 4.0, "modes": [a for a in arms if a != "control"]},
+              "arms": {name: arm(name) for name in arms}, "command": "freetoken-graphfix bench rig"}
     if "control" in arms:
         record["control"] = {"spin_us": spin_us, "spin_cycles": 0}
-    return record
+    return record_files.from_data(record)

@@ -1,7 +1,7 @@
 """FreeToken 0.1.3 on the GPU (marker ``gpu``): unprotected, its first launches block at a size
 where 0.2.x blocks; with the shim (auto), none does, and the output is that of FreeToken's own
 gate mode. Twice: 0.1.3's real GraphRunner and DiskRowTable on the rig (logits), and 0.1.3's real
-offline engine through ``bench --engine`` (tokens). Needs 0.1.3 importable in a folder named by
+offline engine through ``bench engine`` (tokens). Needs 0.1.3 importable in a folder named by
 ``GRAPHFIX_FREETOKEN_013`` (pip install --target; 0.1.3 asks for torch 2.11, flashlib 0.3.0 and
 transformers < 5.17): without it the tests fail, they never skip. The engine arms need this package
 installed (its ``.pth`` brings the shim into each engine process)."""
@@ -18,7 +18,7 @@ import pytest
 
 from . import gpu_checks
 from .bench_run import bench_record
-from .gpu_records import keep
+from .gpu_records import keep, keep_steps
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]  # a module fixture runs whole engines
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def rig():
     assert out.returncode == 0, out.stderr[-4000:]
     record = json.loads(out.stdout.strip().splitlines()[-1])
     print("\n" + json.dumps(record, indent=1))
-    return keep("013-rig", "rig-steps", record)
+    return keep_steps("013-rig", record)
 
 
 @pytest.mark.parametrize("check", gpu_checks.for_record("013-rig"))
@@ -50,13 +50,14 @@ def test_rig(rig, check):
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    """``bench --engine`` on 0.1.3 at 320 layers (where 0.2.x's never-uploaded graphs block): upstream
+    """``bench engine`` on 0.1.3 at 320 layers (where 0.2.x's never-uploaded graphs block): upstream
     (0.1.3 uploads nothing), gate (FreeToken's escape hatch, the token reference) and auto."""
-    record, code = bench_record(["--engine", "--layers", "320", "--decode-steps", "32", "--context", "256",
+    record, code = bench_record(["engine", "--layers", "320", "--decode-steps", "32", "--context", "256",
                                  "--rounds", "1", "--trace-steps", "0", "--replays", "20", "--hang-timeout", "150",
                                  "--arms", "upstream", "gate", "auto"], tmp_path_factory.mktemp("engine-013"),
                                 env=env_013())
-    return keep("013-engine", "engine", record, code)
+    assert code == 0
+    return keep("013-engine", record)
 
 
 @pytest.mark.parametrize("check", gpu_checks.for_record("013-engine"))

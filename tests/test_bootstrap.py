@@ -89,7 +89,7 @@ def test_bad_value_is_one_line_where_freetoken_runs():
 @pytest.mark.parametrize("value", ["auto", "off", "bogus"])
 def test_armed_start_up_imports_nothing_heavy(value):
     """With the variable set and FreeToken never imported, start-up imports the package and its
-    bootstrap module and nothing else: no wrapt, logging, enum or typing (measured: bench --startup)."""
+    bootstrap module and nothing else: no wrapt, logging, enum or typing (measured: bench startup)."""
     code = ("import sys; print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('freetoken_graphfix', 'wrapt', 'logging', 'enum', 'typing', 'torch', 'freetoken')))")
     out = subprocess.run([sys.executable, "-c", code], env=child_env(value), capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""``bench --engine`` on CPU: the synthetic model against FreeToken 0.2.1's own loaders, the arms'
+"""``bench engine`` on CPU: the synthetic model against FreeToken 0.2.1's own loaders, the arms'
 environments, and the verdicts and report drawn from engine results. The engine runs are in
 test_engine_gpu."""
 
@@ -13,7 +13,11 @@ import pytest
 import torch
 
 from freetoken_graphfix import config
-from freetoken_graphfix.bench import arms, engine, engine_report, model, stats
+from freetoken_graphfix.bench import arms, model, stats
+from freetoken_graphfix.bench.engine import judge
+from freetoken_graphfix.bench.engine import run as engine_run
+
+from .engine_records import judged, process, result, shim
 
 
 @pytest.fixture(scope="module")
@@ -101,48 +105,34 @@ def test_child_never_imports_the_package():
     directory by their top-level names."""
     import ast
 
-    files = sorted(engine.CHILD_DIR.glob("*.py"))
+    files = sorted(engine_run.CHILD_DIR.glob("*.py"))
     siblings = {f.stem for f in files}
-    assert engine.CHILD in files and {"child_copies", "child_loop", "child_seams"} <= siblings
+    assert engine_run.CHILD in files and {"child_copies", "child_loop", "child_seams"} <= siblings
     for path in files:
         tree = ast.parse(path.read_text())
         imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
         imported += [("." * node.level) + (node.module or "") for node in ast.walk(tree)
                      if isinstance(node, ast.ImportFrom)]
         assert imported and not [m for m in imported if m.startswith((".", "freetoken_graphfix"))], path.name
-    assert "child_copies" in ast.dump(ast.parse(engine.CHILD.read_text()))  # the walk sees the siblings
+    assert "child_copies" in ast.dump(ast.parse(engine_run.CHILD.read_text()))  # the walk sees the siblings
 
 
-def result(**over):
-    """An engine child's result line, as the engine child prints it."""
-    r = {"freetoken": "0.2.1", "table": "DiskRowTable", "wait_sync": True, "fill_worker": False, "graph_bs": [1, 2],
-         "captured_waits": 2, "steps": {"prefill": 2, "decode": 0, "graph": 90}, "fires": [],
-         "first_launch_ms": {"2": 0.4, "1": 0.3}, "capture_ms": [900.0], "upload_ms": [1.0, 0.9],
-         "step_gpu_ms": {"2": [3.3, 3.31, 3.29], "1": [3.0, 3.0]}, "replay_gpu_ms": {"2": [1.5, 1.5], "1": [1.2]},
-         "token_hash": "aaaa", "distinct_tokens": 40, "shim": None, "free_mib_after_capture": 9000.0,
-         "first_launch_free_mib": {"2": [9000.0, 8990.0], "1": [8990.0, 8990.0]}}
-    r.update(over)
-    return r
-
-
-def shim(mode, action):
-    return {"installed": True, "mode": mode, "patched": True, "reason": "ok",
-            "passes": [{"graphs": [{"action": action}, {"action": action}]}]}
+def problems(arm: str, wait_case: bool = True, **over) -> list[str]:
+    return judge.problems(arm, process(**over), wait_case)
 
 
 def test_a_shim_arm_without_the_shim_is_a_problem():
-    problems = engine.arm_problems("auto", result(), True)
-    assert problems and "did not reach the engine process" in problems[0] and ".pth" in problems[0]
-    assert engine.arm_problems("auto", result(shim=shim("auto", "deferred")), True) == []
-    assert "expected action warm" in engine.arm_problems("warm", result(shim=shim("warm", "upload")), True)[0]
-    assert "leaked" in engine.arm_problems("upstream", result(shim=shim("auto", "deferred")), True)[0]
-    assert "not in CUDA wait-sync" in engine.arm_problems("upstream", result(wait_sync=False), True)[0]
-    assert "not in CUDA wait-sync" in engine.arm_problems("upstream", result(hip=True, fill_worker=True), True)[0]
+    found = problems("auto")
+    assert found and "did not reach the engine process" in found[0] and ".pth" in found[0]
+    assert problems("auto", shim=shim("auto", "deferred")) == []
+    assert "expected action warm" in problems("warm", shim=shim("warm", "upload"))[0]
+    assert "leaked" in problems("upstream", shim=shim("auto", "deferred"))[0]
+    assert "not in CUDA wait-sync" in problems("upstream", wait_sync=False)[0]
+    assert "not in CUDA wait-sync" in problems("upstream", hip=True, fill_worker=True)[0]
     # the series' table has its fill worker on CUDA too (for first launches): still the WAIT case
-    series = result(hip=False, fill_worker=True, freetoken_patched=True)
-    assert engine.arm_problems("patched", series, True) == []
-    assert "not in CUDA wait-sync" in engine.arm_problems("upstream", result(fill_worker=True), True)[0]  # old record
-    patched = engine.arm_problems("upstream", result(freetoken_patched=True), True)
+    assert problems("patched", hip=False, fill_worker=True, freetoken_patched=True) == []
+    assert "not in CUDA wait-sync" in problems("upstream", fill_worker=True)[0]  # an old record: no hip recorded
+    patched = problems("upstream", freetoken_patched=True)
     assert patched and "the installed FreeToken carries the patch series" in patched[0]
 
 
@@ -153,39 +143,33 @@ def test_the_patched_arm_runs_the_patched_copy(monkeypatch):
     assert config.ENV_MODE not in env and env["PYTHONPATH"] == os.pathsep.join(["/tmp/patched", "/elsewhere"])
     with pytest.raises(ValueError, match="needs the patched FreeToken"):
         arms.arm_env("patched")
-    good = result(freetoken_patched=True)
-    assert engine.arm_problems("patched", good, True) == []
-    assert "did not run the patched FreeToken" in engine.arm_problems("patched", result(), True)[0]
+    assert problems("patched", freetoken_patched=True) == []
+    assert "did not run the patched FreeToken" in problems("patched")[0]
 
 
 def record(expects_wait=True, traced=None, **arms):
-    """An engine record as ``engine_record`` assembles it; each arm one result, or a list (its rounds)."""
-    runs = {arm: [dict(x) for x in (r if isinstance(r, list) else [r])] for arm, r in arms.items()}
-    env = {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"}
-    return {"model": "a model", "label": "320 layers", "layers": 320, "ft_args": [], "context": 4096,
-            "decode_steps": 200, "rounds": len(next(iter(runs.values()))), "env": env,
-            "expects_wait": expects_wait, "runs": runs, "traced": traced or {}, "command": "python -m ...",
-            **engine.judge(runs, traced or {}, expects_wait)}
+    """A case of the 320-layer model, judged; each arm one result, or a list (its rounds)."""
+    return judged(expects_wait, traced, "320 layers", **arms)
 
 
 def test_verdicts():
     clean = record(upstream=result(), **{"pre-697": result(fires=[{"step": 2}], token_hash="bbbb")},
                    auto=result(shim=shim("auto", "deferred")))
-    assert engine.failures(clean) == []
-    text = engine_report.render(clean)
+    assert clean.failures() == []
+    text = clean.text()
     assert "pre-697 BLOCKED (watchdog fired)" in text and "safety: every protected arm" in text
     blocked = record(upstream=result(), auto=result(shim=shim("auto", "deferred"), fires=[{"step": 2}]))
-    assert engine.failures(blocked) == ["auto: the watchdog released 1 blocked launch(es)"]
+    assert blocked.failures() == ["auto: the watchdog released 1 blocked launch(es)"]
     drifted = record(upstream=result(), warm=result(shim=shim("warm", "warm"), token_hash="cccc"))
-    assert engine.failures(drifted) == ["warm: tokens ['cccc'] differ from upstream's"]
-    assert "FAILED" in engine_report.render(drifted)
+    assert drifted.failures() == ["warm: tokens ['cccc'] differ from upstream's"]
+    assert "FAILED" in drifted.text()
     series = dict(freetoken_patched=True, upload_ms=[])
     patched = record(upstream=result(), patched=result(**series),
                      **{"pre-697": result(fires=[{"step": 2}], token_hash="bbbb")})
-    assert engine.failures(patched) == []  # pre-697 is the negative control: it may block
-    assert "patched arm: patches/ applied" in engine_report.render(patched)
+    assert patched.failures() == []  # pre-697 is the negative control: it may block
+    assert "patched arm: patches/ applied" in patched.text()
     blocked = record(upstream=result(), patched=result(fires=[{"step": 2}], **series))
-    assert engine.failures(blocked) == ["patched: the watchdog released 1 blocked launch(es)"]
+    assert blocked.failures() == ["patched: the watchdog released 1 blocked launch(es)"]
 
 
 def test_the_report_says_which_self_released_waits_the_graphs_held():
@@ -195,23 +179,22 @@ def test_the_report_says_which_self_released_waits_the_graphs_held():
     held = dict(captured_waits=2, self_released_waits={"cpu_moe": 640, "locked_fetch": 0})
     rec = record(upstream=result(**held), auto=result(shim=shim("auto", "deferred"), **held))
     line = "every arm: PLE table 2, CPU-MoE executor 640, locked fetch 0"
-    assert line in engine_report.render(rec) and line in engine_report.markdown([rec])
+    assert line in rec.text() and line in rec.markdown()
     apart = record(upstream=result(**held), auto=result(shim=shim("auto", "deferred"), captured_waits=2,
                                                         self_released_waits={"cpu_moe": 320, "locked_fetch": None}))
     assert "upstream: PLE table 2, CPU-MoE executor 640, locked fetch 0; auto: PLE table 2, CPU-MoE executor 320" \
-        in engine_report.render(apart)
+        in apart.text()
     for plain in (record(upstream=result(), auto=result(shim=shim("auto", "deferred"))),
                   record(upstream=result(self_released_waits={"cpu_moe": 0, "locked_fetch": None}))):
-        assert "WAITs captured" not in engine_report.render(plain)
+        assert "WAITs captured" not in plain.text()
 
 
 def test_gate_arm_runs_freetokens_launch_gating(monkeypatch):
     monkeypatch.setenv("FREETOKEN_PLE_SYNC", "gate")
     assert arms.arm_env("auto")["FREETOKEN_PLE_SYNC"] == "wait"  # a user's gate would hide the WAIT
     assert arms.arm_env("gate")["FREETOKEN_PLE_SYNC"] == "gate" and config.ENV_MODE not in arms.arm_env("gate")
-    gate = result(wait_sync=False, captured_waits=0)
-    assert engine.arm_problems("gate", gate, True) == []
-    assert "did not decode on graphs without a WAIT" in engine.arm_problems("gate", result(), True)[0]
+    assert problems("gate", wait_sync=False, captured_waits=0) == []
+    assert "did not decode on graphs without a WAIT" in problems("gate")[0]
 
 
 def test_on_a_freetoken_that_uploads_nothing_upstream_is_a_control_and_gate_the_reference():
@@ -220,21 +203,39 @@ def test_on_a_freetoken_that_uploads_nothing_upstream_is_a_control_and_gate_the_
     gate = result(wait_sync=False, captured_waits=0, **ft013)
     rec = record(upstream=result(fires=[{"step": 2}], token_hash="bbbb", **ft013), gate=gate,
                  auto=result(shim=shim("auto", "deferred"), **ft013))
-    assert engine.failures(rec) == []
-    assert not rec["summary"]["arms"]["upstream"]["protected"] and rec["summary"]["arms"]["auto"]["reference"] == "gate"
-    text = engine_report.render(rec)
+    assert rec.failures() == []
+    assert not rec.figures.arms["upstream"].protected and rec.figures.arms["auto"].reference == "gate"
+    text = rec.text()
     assert "upstream BLOCKED (watchdog fired)" in text and "gate's tokens" in text
     two = record(upstream=[result(**ft013)] * 2, gate=[gate] * 2, auto=[result(shim=shim("auto", "deferred"),
                                                                                 **ft013)] * 2)
-    assert two["summary"]["base"] == "upstream"  # never uploaded here: the base of every ratio
-    ratio, se, _ = two["summary"]["arms"]["auto"]["cross"]["replay"]["2"]
-    assert (ratio, se) == pytest.approx((1.0, 0.0), abs=1e-9)
+    assert two.figures.base == "upstream"  # never uploaded here: the base of every ratio
+    r = two.figures.arms["auto"].cross["replay"]["2"]
+    assert (r.ratio, r.se) == pytest.approx((1.0, 0.0), abs=1e-9)
     drifted = record(upstream=result(**ft013), gate=gate, auto=result(shim=shim("auto", "deferred"),
                                                                       token_hash="cccc", **ft013))
-    assert engine.failures(drifted) == ["auto: tokens ['cccc'] differ from gate's"]
+    assert drifted.failures() == ["auto: tokens ['cccc'] differ from gate's"]
     alone = record(upstream=result(**ft013), auto=result(shim=shim("auto", "deferred"), **ft013))
-    assert "no gate arm to compare tokens with" in engine.failures(alone)[0] and "--arms gate" in engine.failures(
-        alone)[0]
+    assert alone.failures() == []  # no reference ran: tokens not compared, which is no failure
+    assert ("safety: every protected arm never blocked; tokens not compared: no gate arm (this FreeToken uploads no "
+            "graph, so upstream is unprotected and gate's tokens are the reference: add --arms gate)") in alone.text()
+
+
+def test_a_one_arm_run_compares_no_tokens_and_fails_nothing():
+    """The nsys loop in docs/measuring.md runs one arm a process: on a FreeToken that uploads, a lone auto run never
+    blocked, and says its tokens were not compared (there was no upstream to compare them with)."""
+    alone = record(auto=result(shim=shim("auto", "deferred")))
+    assert alone.failures() == []
+    head = alone.text().splitlines()[0]
+    assert head == "safety: every protected arm never blocked; tokens not compared: no upstream arm in this run (add " \
+                   "--arms upstream)", head
+    blocked = record(auto=result(shim=shim("auto", "deferred"), fires=[{"step": 2}]))
+    assert blocked.failures() == ["auto: the watchdog released 1 blocked launch(es)"]  # blocking still fails
+
+
+def test_a_case_with_no_process_is_no_pass():
+    assert judged().failures() == ["no arm ran: nothing was measured"]
+    assert judged(upstream=[]).failures() == ["upstream: no process ran: nothing was measured"]
 
 
 def test_the_95_percent_multiplier_follows_the_rounds():
@@ -245,17 +246,17 @@ def test_the_95_percent_multiplier_follows_the_rounds():
 def test_bad_engine_options_are_named(tmp_path, capsys):
     from freetoken_graphfix.bench import cli
 
-    assert cli.main(["--engine", "--layers", "48", "2", "--logs", str(tmp_path)]) == 1
+    assert cli.main(["engine", "--layers", "48", "2", "--logs", str(tmp_path)]) == 1
     assert capsys.readouterr().err.strip().endswith("--layers: layers=2: need at least 4 (a QSA layer is every 4th, "
                                                     "the PLE layer is 1)")
     assert list(tmp_path.iterdir()) == []  # refused before anything ran
-    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine", "--rounds", "0"],
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "engine", "--rounds", "0"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "--rounds: '0': accepted values are whole numbers of 1 or more" in out.stderr
 
 
 def test_engine_needs_a_gpu_here():
-    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--engine"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "engine"], capture_output=True,
                          text=True)
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
@@ -268,13 +269,13 @@ def test_an_engine_that_failed_shows_its_exception_not_freetokens_log(tmp_path, 
     child = tmp_path / "child.py"
     child.write_text("import sys\nprint('INFO Start capturing CUDA graphs')\n"
                      "raise RuntimeError('instantiate() needs keep_graph')\n")
-    monkeypatch.setattr(engine, "CHILD", child)
-    res = engine.run_arm("upstream", {}, 30.0, str(tmp_path), "x")
-    assert res["error"].startswith("engine process exited 1: ") and res["error"].endswith(
-        "RuntimeError: instantiate() needs keep_graph"), res["error"]
+    monkeypatch.setattr(engine_run, "CHILD", child)
+    res = engine_run.run_arm("upstream", {}, 30.0, str(tmp_path), "x")
+    assert res.error.startswith("engine process exited 1: ") and res.error.endswith(
+        "RuntimeError: instantiate() needs keep_graph"), res.error
     assert "INFO Start capturing" in (tmp_path / "x.log").read_text()  # FreeToken's log is kept, after it
-    failed = record(upstream=res, **{"pre-697": dict(res, arm="pre-697")})
-    assert not [f for f in engine.failures(failed) if "gate" in f]  # no run, so nothing says 0.1.3
+    failed = record(upstream={"error": res.error}, **{"pre-697": {"error": res.error}})
+    assert not [f for f in failed.failures() if "gate" in f]  # no run, so nothing says 0.1.3
 
 
 def test_the_gpu_tests_put_benchs_options_before_freetokens(tmp_path):
@@ -282,7 +283,7 @@ def test_the_gpu_tests_put_benchs_options_before_freetokens(tmp_path):
 
     from .bench_run import bench_command
 
-    cmd = bench_command(["--engine", "--model", "m", "--", "--dummy-weight"], tmp_path)
+    cmd = bench_command(["engine", "--model", "m", "--", "--dummy-weight"], tmp_path)
     ours, theirs = cli.split_freetoken_args(cmd[4:])
     assert theirs == ["--dummy-weight"]
     opts = cli.parser().parse_args(ours)

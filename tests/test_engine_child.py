@@ -1,6 +1,6 @@
 """The engine child's seams and timed decode loop on CPU: FreeToken 0.2.1's real GraphRunner, Engine
 and DiskRowTable on the fake device, with the child's own objects installed on them as the engine
-process installs them (``bench/engine_child/main.py``)."""
+process installs them (``bench/engine/child/main.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from freetoken_graphfix.bench import engine as bench_engine
+from freetoken_graphfix.bench.engine import run as bench_engine
 
 from . import harness
 from .engine_child import copies, loop, seams
@@ -163,7 +163,7 @@ def test_copies_that_fail_leave_none_behind_and_the_flag_at_zero():
 
 
 def test_the_child_imports_its_own_modules_when_run_by_path(tmp_path):
-    """Run as the bench runs it (``python engine_child/main.py SPEC``), the child finds its sibling
+    """Run as the bench runs it (``python engine/child/main.py SPEC``), the child finds its sibling
     modules in its own directory and gets as far as the CUDA driver, which this machine may lack."""
     spec = tmp_path / "spec.json"
     spec.write_text('{"hang_timeout_s": 60}')

@@ -1,81 +1,26 @@
-"""``bench --engine``'s figures and verdicts on CPU, from engine results shaped as the engine child
-(``engine_child/``) prints them: the upload paired inside one process's decode loop, host modes, the
-A/A control, the rules that keep a verdict to what the run supports, ``--from-json`` and ``--plot``."""
+"""``bench engine``'s figures and verdicts on CPU, from engine results shaped as the engine child
+(``engine/child/``) prints them: the upload paired inside one process's decode loop, host levels, the
+A/A control, the rules that keep a verdict to what the run supports, ``bench report`` and ``--plot``."""
 
 from __future__ import annotations
 
 import json
 import math
-import random
 import re
 from pathlib import Path
 
 import pytest
 
-from freetoken_graphfix.bench import (
-    cli,
-    engine,
-    engine_cross_report,
-    engine_loop_report,
-    engine_report,
-    engine_stats,
-    loop,
-    stats,
-    verdicts,
-)
+from freetoken_graphfix.bench import arms, cli, stats, verdicts
+from freetoken_graphfix.bench.engine import detail, figures, loop
 
 from .engine_child import copies as child
 from .engine_child import seams
-from .test_engine_bench import result, shim
+from .engine_records import NOOP, judged, looped, process, result
 
 
-def looped(seed=0, *, step=1.02, host=0.22, upload=1.0, own=1.0, copies=4, steps=199, drift=0.0, switch=None,
-           noise=0.002, placement=0.0, idle=1.0, idle_own=1.0, tokens=None, spin_ms=None, spin_read=1.0, **over):
-    """One timed process at bs 2 and 1: ``steps`` graph steps after each first launch, launching the
-    executables in the child's schedule. Uploaded copies take ``upload`` times as long, the engine's
-    own graph ``own`` times; the process drifts by ``drift`` a step and its steps jump by 20% from
-    step ``switch`` on (a host mode switch); each executable sits ``placement`` (relative SD) off.
-    From idle, every executable replays at ``idle`` x the step and the own graph ``idle_own`` x that.
-    With ``spin_ms``, the positive control's launches take that much longer (times ``spin_read``: a run
-    that misreads it), and the record notes the spin's own length."""
-    rng = random.Random(seed)
-    labels = child.copy_labels(copies, control=spin_ms is not None)
-    out = {k: {} for k in ("step_exec", "step_gpu_ms", "launch_gpu_ms", "graph_gpu_ms", "step_host_ms")}
-    for bs in ("2", "1"):
-        offset = {label: math.exp(rng.gauss(0, placement)) for label in labels}
-        execs = [child.loop_schedule(labels, k) for k in range(steps)]
-        times = []
-        for k, label in enumerate(execs):
-            factor = upload if label.startswith("uploaded") else own if label == "own" else 1.0
-            jump = 1.2 if switch is not None and k >= switch else 1.0
-            spin = spin_ms * spin_read if label.startswith("control") else 0.0
-            times.append((step * (1 + drift * k) * jump * factor + spin) * offset[label] * (1 + rng.gauss(0, noise)))
-        out["step_exec"][bs] = execs
-        out["step_gpu_ms"][bs] = times
-        out["launch_gpu_ms"][bs] = [0.98 * t for t in times]
-        out["graph_gpu_ms"][bs] = [0.99 * t for t in times]
-        out["step_host_ms"][bs] = [host * (1 + rng.gauss(0, 0.03)) for _ in times]
-    base = 0.95 * step * idle
-    out["replay_gpu_ms"] = {bs: [base * idle_own] * 10 for bs in ("2", "1")}
-    out["copies_gpu_ms"] = {bs: {"uploaded": [[base * upload] * 10] * copies, "never": [[base] * 10] * copies}
-                            for bs in ("2", "1")}
-    if tokens is not None:
-        out["token_ids"] = tokens
-    if spin_ms is not None:
-        out["control_spin"] = {"spin_cycles": 1, "spin_us": 1e3 * spin_ms, "bs": 2}
-    return result(**{"wait_sync": False, "captured_waits": 0, "table": "ZeroTable", **out, **over})
-
-
-def rec(expects_wait=False, traced=None, **arms):
-    runs = {arm: [dict(x) for x in (r if isinstance(r, list) else [r])] for arm, r in arms.items()}
-    env = {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"}
-    return {"model": "a model", "label": "llama", "layers": None, "ft_args": [], "context": 4096,
-            "decode_steps": 200, "rounds": len(next(iter(runs.values()))), "env": env, "expects_wait": expects_wait,
-            "runs": runs, "traced": traced or {}, "command": "python -m ...",
-            **engine.judge(runs, traced or {}, expects_wait)}
-
-
-NOOP = shim("auto", "no-op")
+def rec(expects_wait=False, traced=None, **arms_):
+    return judged(expects_wait, traced, "llama", **arms_)
 
 
 def test_the_schedule_balances_each_kind_and_never_repeats_an_executable():
@@ -116,12 +61,12 @@ def test_the_positive_control_is_read_back_in_the_loop_and_gives_the_runs_sensit
     """A spin of 2% of the step after two never-uploaded copies: read back at its size in every metric
     and bs, so the run could have seen #775's cost; the upload (+1% here) is judged."""
     record = rec(upstream=[looped(i, upload=1.01, spin_ms=0.0204, drift=1e-4) for i in range(3)])
-    ctl = record["summary"]["control_in_loop"]
+    ctl = record.figures.control_in_loop
     for metric in ("step", "launch"):
         for bs in ("2", "1"):
             f = ctl[metric][bs]
-            assert abs(f["ratio"] - 1 - f["added"]) <= f["half"] and 0.015 < f["added"] < 0.025, (metric, bs, f)
-    text = engine_report.render(record)
+            assert abs(f.ratio - 1 - f.added) <= f.half and 0.015 < f.added < 0.025, (metric, bs, f)
+    text = (record).text()
     line = next(ln for ln in text.splitlines() if ln.startswith("  positive control"))
     assert ": recovered; this run names any cost above +0." in line and "bs 2 +2.0" in line
     step = next(ln for ln in text.splitlines() if ln.startswith("  GPU time per decode step: bs 2 +"))
@@ -130,40 +75,40 @@ def test_the_positive_control_is_read_back_in_the_loop_and_gives_the_runs_sensit
 
 def test_a_positive_control_not_read_back_leaves_the_upload_unjudged():
     record = rec(upstream=[looped(i, upload=1.05, spin_ms=0.0204, spin_read=0.3) for i in range(3)])
-    text = engine_report.render(record)
+    text = (record).text()
     assert "NOT recovered, so the upload is not judged" in text
     assert text.splitlines()[1].endswith(": not judged (the positive control was not read back)")  # the headline
-    assert engine_loop_report.NOT_JUDGED in text and verdicts.COSTS not in text.split("positive control")[0]
+    assert detail.NOT_JUDGED in text and verdicts.COSTS not in text.split("positive control")[0]
 
 
 def test_a_record_without_the_control_is_judged_and_says_it_has_none():
-    text = engine_report.render(rec(upstream=[looped(i, upload=1.02) for i in range(3)]))
+    text = rec(upstream=[looped(i, upload=1.02) for i in range(3)]).text()
     assert "positive control: not measured (--copies 0, or a record from before the bench ran one)" in text
     assert verdicts.COSTS in text.split("positive control")[0]
 
 
-def test_pairing_recovers_the_upload_through_drift_and_a_host_mode_switch():
-    """The context grows (+0.02% a step, 4% over the run) and the process's host mode jumps by 20% half
+def test_pairing_recovers_the_upload_through_drift_and_a_host_level_switch():
+    """The context grows (+0.02% a step, 4% over the run) and the process's host level jumps by 20% half
     way: the upload's +1% comes out of the decode loop within its band, a band of a few tenths."""
     runs = [looped(s, upload=1.01, own=1.01, drift=2e-4, switch=100) for s in range(3)]
-    up = loop.in_loop(runs, "upload")
+    up = loop.in_loop([process(**r) for r in runs], "upload")
     for metric in ("step", "launch"):
         for bs in ("2", "1"):
             f = up[metric][bs]
-            assert abs(f["ratio"] - 1.01) < f["half"] < 0.003, (metric, bs, f)
-            assert f["processes"] == 3 and f["processes"] == 3 and f["copies"] == 4
-            assert f["cycles"] == 3 * (199 // 9)
-    own = loop.in_loop(runs, "own")["step"]["2"]
-    assert abs(own["ratio"] - 1.01) < own["half"] < 0.003  # upstream's own graph, uploaded at capture
+            assert abs(f.ratio - 1.01) < f.half < 0.003, (metric, bs, f)
+            assert f.processes == 3 and f.processes == 3 and f.copies == 4
+            assert f.cycles == 3 * (199 // 9)
+    own = loop.in_loop([process(**r) for r in runs], "own")["step"]["2"]
+    assert abs(own.ratio - 1.01) < own.half < 0.003  # upstream's own graph, uploaded at capture
 
 
 def test_the_band_counts_how_far_copies_of_one_graph_run_apart():
     """Executables of one graph sit apart by their placement (here 0.5%): the band must carry that, not
     only the steps' noise, or two copies a hair apart would read as a cost."""
-    tight = loop.in_loop([looped(1)], "upload")["step"]["2"]
-    placed = loop.in_loop([looped(1, placement=0.005)], "upload")["step"]["2"]
-    assert tight["half"] < 0.002
-    assert placed["half"] > 0.004 and abs(placed["ratio"] - 1) < placed["half"]
+    tight = loop.in_loop([process(**looped(1))], "upload")["step"]["2"]
+    placed = loop.in_loop([process(**looped(1, placement=0.005))], "upload")["step"]["2"]
+    assert tight.half < 0.002
+    assert placed.half > 0.004 and abs(placed.ratio - 1) < placed.half
 
 
 def test_each_launch_is_taken_against_the_launches_around_it_and_a_record_without_copies_is_left_out():
@@ -172,13 +117,13 @@ def test_each_launch_is_taken_against_the_launches_around_it_and_a_record_withou
     third = math.log(8) / 3
     assert cycles == 2 and set(means) == {"a", "b", "c"}
     assert means == pytest.approx({"a": -third, "b": math.log(2) - third, "c": math.log(4) - third})
-    assert loop.process_effect(result(), "step_gpu_ms", "2") is None  # an earlier release's record
-    assert engine_loop_report.in_loop_lines(rec(upstream=result(), **{"pre-697": result()})["summary"])[0].endswith(
+    assert loop.process_effect(process(), "step_gpu_ms", "2") is None  # an earlier release's record
+    assert detail.in_loop_lines(rec(upstream=result(), **{"pre-697": result()}).figures)[0].endswith(
         "not measured (--copies 0, or a record from before the decode loop launched copies)")
 
 
-def host_mode_run():
-    """The run of the new user's probe: every never-uploaded (pre-697) process in the slow host mode,
+def host_level_run():
+    """The run of the new user's probe: every never-uploaded (pre-697) process at the slow host level,
     every auto process fast, upstream one of each; the same never-uploaded graphs in pre-697 and auto."""
     slow, fast = dict(step=1.22, host=0.40), dict(step=1.02, host=0.22)
     return rec(upstream=[looped(1, **fast, idle=0.93), looped(2, **slow, idle=0.93)],
@@ -186,18 +131,18 @@ def host_mode_run():
                auto=[looped(5, **fast, shim=NOOP), looped(6, **fast, shim=NOOP)])
 
 
-def test_processes_are_grouped_by_their_host_mode_per_phase():
-    record = host_mode_run()
-    s = record["summary"]
-    assert len(s["host_modes"]["2"]) == 2  # two modes at bs 2
-    modes = {arm: [row["mode"]["2"] for row in a["processes"]] for arm, a in s["arms"].items()}
-    assert modes == {"upstream": [0, 1], "pre-697": [1, 1], "auto": [0, 0]}
-    assert s["aa"]["pair"] == ["pre-697", "auto"]
-    assert math.isnan(s["aa"]["figures"]["step"]["2"][0])  # the A/A pair shares no mode: no figure
-    ratio, _, dof = s["arms"]["upstream"]["cross"]["step"]["2"]  # upstream vs pre-697 in the slow mode only
-    assert ratio == pytest.approx(1.0, abs=0.01) and dof == 1
-    text = engine_report.render(record)
-    assert "host modes (median host ms per decode step of each process and phase" in text and "several" in text
+def test_processes_are_grouped_by_their_host_level_per_phase():
+    record = host_level_run()
+    s = record.figures
+    assert len(s.host_levels["2"]) == 2  # two levels at bs 2
+    levels = {arm: [row.level["2"] for row in a.processes] for arm, a in s.arms.items()}
+    assert levels == {"upstream": [0, 1], "pre-697": [1, 1], "auto": [0, 0]}
+    assert s.aa_pair == ("pre-697", "auto")
+    assert math.isnan(s.aa["step"]["2"].ratio)  # the A/A pair shares no level: no figure
+    up = s.arms["upstream"].cross["step"]["2"]  # upstream vs pre-697 at the slow level only
+    assert up.ratio == pytest.approx(1.0, abs=0.01) and up.dof == 1
+    text = (record).text()
+    assert "host levels (median host ms per decode step of each process and phase" in text and "several" in text
     assert re.search(r"upstream round 1: bs 2 host 0\.(39|40)\d / GPU 1\.22\d ms B", text), text
 
 
@@ -205,9 +150,9 @@ def test_the_new_users_ab_run_yields_no_verdict_its_own_aa_pair_contradicts():
     """Where pre-697 and auto, the same never-uploaded graphs, came out 16% apart across processes,
     the report prints no FASTER and no COSTS for any cross-process figure; the headline is the upload in
     the decode loop, inside each process."""
-    text = engine_report.render(host_mode_run())
+    text = (host_level_run()).text()
     assert "FASTER" not in text and "COSTS" not in text, text
-    assert "not judged: no A/A control in this run (pre-697 and auto share no host mode here" in text
+    assert "not judged: no A/A control in this run (pre-697 and auto share no host level here" in text
     head = text.index("the upload in the decode loop, same graph, same process")
     assert head < text.index("kernel timeline") < text.index("A/A control") < text.index("diagnostics")
     assert "GPU time per decode step: bs 2 " in text[head:] and NO_COST_LINE in text[head:]
@@ -217,17 +162,17 @@ NO_COST_LINE = "no cost beyond ±0.5% (95% interval within it)"
 
 
 def test_a_cross_process_figure_is_never_judged_finer_than_the_aa_control():
-    """All processes in one host mode; separate processes land up to ±2% apart (the A/A pair 2% apart):
+    """All processes at one host level; separate processes land up to ±2% apart (the A/A pair 2% apart):
     upstream 1.5% off is within that noise, 8% off is a finding."""
     def arms_with(upstream_factor):
         return rec(upstream=[looped(i, step=1.0 * upstream_factor * f) for i, f in enumerate((1.0, 1.004, 0.998))],
                    **{"pre-697": [looped(i, step=f) for i, f in enumerate((1.0, 1.004, 0.998))]},
                    auto=[looped(i, step=1.02 * f, shim=NOOP) for i, f in enumerate((1.0, 1.004, 0.998))])
 
-    near = engine_report.render(arms_with(1.015))
-    assert "upstream vs never uploaded (pre-697), across processes within host modes, GPU time per decode step" in near
+    near = (arms_with(1.015)).text()
+    assert "upstream vs never uploaded (pre-697), across processes within host levels, GPU time per decode step" in near
     assert "within the A/A control's noise (±" in near and "COSTS" not in near
-    far = engine_report.render(arms_with(1.08))
+    far = (arms_with(1.08)).text()
     assert "GPU time per decode step: bs 2 +8.00%" in far and "COSTS this GPU" in far
 
 
@@ -236,7 +181,7 @@ def test_an_idle_replay_figure_never_claims_what_the_decode_loop_does_not_show()
     loop it is not: the diagnostic says so instead of FASTER."""
     record = rec(upstream=[looped(i, idle=0.925) for i in range(3)], **{"pre-697": [looped(i) for i in range(3)]},
                  auto=[looped(i, step=1.0002, shim=NOOP) for i in range(3)])
-    text = engine_report.render(record)
+    text = (record).text()
     line = next(ln for ln in text.splitlines() if "the graph replayed back to back, across processes" in ln)
     assert "-7.50%" in line and "from idle only; in the decode loop: " in line and "FASTER" not in line.split(
         "in the decode loop: ")[0]
@@ -245,34 +190,39 @@ def test_an_idle_replay_figure_never_claims_what_the_decode_loop_does_not_show()
 
 def test_the_copies_tokens_are_checked_against_the_traced_run():
     ids = [[5, 6, 7, 8], [9, 9, 9, 9], [1, 2, 3, 4]]
-    traced = {arm: [{"note": "x", "2": TIMELINE, "token_ids": [t[:2] for t in ids]}] for arm in ("upstream", "auto")}
+    traced = {arm: [{"note": "x", "by_bs": {"2": TIMELINE}, "token_ids": [t[:2] for t in ids]}]
+              for arm in ("upstream", "auto")}
     ok = rec(traced=traced, upstream=looped(1, tokens=ids), auto=looped(2, tokens=ids, shim=NOOP))
-    assert ok["summary"]["arms"]["auto"]["copies_tokens"] == "same" and engine.failures(ok) == []
+    assert ok.figures.arms["auto"].copies_tokens == "same" and ok.failures() == []
     bad = rec(traced=traced, upstream=looped(1, tokens=ids), auto=looped(2, tokens=[[5, 7], *ids[1:]], shim=NOOP))
     assert "auto: the decode loop with copies gave other tokens than its traced run (own graphs only)" in \
-        engine.failures(bad)
-    assert rec(upstream=looped(1, tokens=ids))["summary"]["arms"]["upstream"]["copies_tokens"] is None
+        bad.failures()
+    assert rec(upstream=looped(1, tokens=ids)).figures.arms["upstream"].copies_tokens is None
 
 
 TIMELINE = {"launches": 40, "graph_kernels": 196, "step_kernels": 207, "busy_us": 1030.0, "streams": 1,
-            "gap_us": {"s1": {"median": 0.448, "n": 7800}}, "gap_quantiles": {"s1": [0.1 * i for i in range(101)]}}
+            "gap_us": {"s1": 0.448}, "gap_quantiles": {"s1": [0.1 * i for i in range(101)]}}
 
 
 def test_the_kernel_timeline_comes_from_every_traced_process_with_its_spread():
-    other = dict(TIMELINE, busy_us=1050.0, gap_us={"s1": {"median": 0.452, "n": 7800}})
-    t = engine_stats.timeline([{"2": TIMELINE}, {"2": other}, {"note": "traced run failed: x"}])
-    assert t["processes"] == 2 and t["note"] == "traced run failed: x"
-    assert t["2"]["busy_us"] == [1040.0, 1030.0, 1050.0] and t["2"]["gap_us"]["s1"] == pytest.approx([0.45, 0.448,
-                                                                                                        0.452])
-    record = rec(traced={"upstream": [{"2": TIMELINE}, {"2": other}]}, upstream=looped(1))
+    from freetoken_graphfix.bench.records import TracedBs, TracedRun
+
+    other = dict(TIMELINE, busy_us=1050.0, gap_us={"s1": 0.452})
+    t = figures.timeline([TracedRun(by_bs={"2": TracedBs(**TIMELINE)}), TracedRun(by_bs={"2": TracedBs(**other)}),
+                          TracedRun("traced run failed: x")])
+    assert t.processes == 2 and t.note == "traced run failed: x"
+    assert t.by_bs["2"].busy_us == (1040.0, 1030.0, 1050.0)
+    assert t.by_bs["2"].gap_us["s1"] == pytest.approx((0.45, 0.448, 0.452))
+    record = rec(traced={"upstream": [{"by_bs": {"2": TIMELINE}}, {"by_bs": {"2": other}}]}, upstream=looped(1))
     assert "upstream       bs 2: 2 process(es), kernels 207 (196), busy 1040.0 [1030.0-1050.0] µs" in \
-        engine_report.render(record)
+        (record).text()
 
 
 def current_release_record() -> list[dict]:
-    """A record as the previous release's ``--json`` wrote it (no copies in the decode loop, one traced
-    timeline per arm, its own summary), with the figures of the new user's probe: pre-697's two
-    processes in the slow host mode, the others fast; its report called auto 16.6% FASTER."""
+    """A record as an earlier release's ``--json`` wrote it (the first schema: a list of cases, no copies in
+    the decode loop, one traced timeline per arm in its old shape, its own summary), with the figures of
+    the new user's probe: pre-697's two processes at the slow host level, the others fast; its report
+    called auto 16.6% FASTER."""
     def old(step, host, idle=1.0, **over):
         r = looped(7, step=step, host=host, idle=idle, **over)
         for key in ("step_exec", "launch_gpu_ms", "token_ids"):
@@ -281,7 +231,8 @@ def current_release_record() -> list[dict]:
 
     runs = {"upstream": [old(1.02, 0.22, 0.93), old(1.02, 0.24, 0.93)], "pre-697": [old(1.22, 0.40), old(1.22, 0.41)],
             "auto": [old(1.02, 0.23, shim=NOOP), old(1.02, 0.22, shim=NOOP)]}
-    timeline = {"note": "n", "2": {k: v for k, v in TIMELINE.items() if k != "gap_quantiles"}}
+    timeline = {"note": "n", "2": {**{k: v for k, v in TIMELINE.items() if k != "gap_quantiles"},
+                                   "gap_us": {"s1": {"median": 0.448, "n": 7800}}}}
     return [{"model": "m (llama)", "label": "llama", "layers": None, "ft_args": ["--dummy-weight"], "context": 2048,
              "decode_steps": 128, "rounds": 2, "env": {"gpu": "NVIDIA H200", "driver": "580", "torch": "2.11",
                                                        "date": "2026-12-01", "cuda": "13.0", "python": "3.12"},
@@ -290,88 +241,108 @@ def current_release_record() -> list[dict]:
              "summary": {"auto": {"step_vs_never_uploaded": {"2": [0.8342, 0.0005]}}}, "upload_copies": {}}]
 
 
-def test_from_json_judges_a_saved_record_again_by_the_current_rules(tmp_path, capsys):
+def test_bench_report_judges_a_saved_record_again_by_the_current_rules(tmp_path, capsys):
     path = tmp_path / "old.json"
     path.write_text(json.dumps(current_release_record()))
     md, again = tmp_path / "r.md", tmp_path / "again.json"
-    assert cli.main(["--from-json", str(path), "--markdown", str(md), "--json", str(again)]) == 0
+    assert cli.main(["report", str(path), "--markdown", str(md), "--json", str(again)]) == 0
     out = capsys.readouterr().out
     assert "FASTER" not in out and "COSTS" not in out, out
     assert "the upload in the decode loop, same graph, same process: not measured" in out
-    assert re.search(r"pre-697 round 0: bs 2 host 0\.(39|40)\d / GPU 1\.2", out)  # host modes, from raw steps
-    assert "### freetoken-graphfix bench --engine: llama" in md.read_text() and "FASTER" not in md.read_text()
-    (saved,) = json.loads(again.read_text())  # strict JSON: a figure that cannot be computed is null
-    assert saved["summary"]["aa"]["pair"] == ["pre-697", "auto"] and saved["summary"]["aa"]["figures"]["step"][
-        "2"][0] is None
+    assert re.search(r"pre-697 round 0: bs 2 host 0\.(39|40)\d / GPU 1\.2", out)  # host levels, from raw steps
+    assert "### freetoken-graphfix bench engine: llama" in md.read_text() and "FASTER" not in md.read_text()
+    saved = json.loads(again.read_text())  # the current schema, strict JSON: a figure not computed is null
+    assert (saved["kind"], saved["schema"]) == ("engine", 2) and "summary" not in saved["cases"][0]
+    assert saved["cases"][0]["runs"]["pre-697"][0]["max_launch_ms"] is None
+    assert cli.main(["report", str(again)]) == 0 and capsys.readouterr().out == out  # read back: the same report
     assert "pre-697 round 0" not in md.read_text()  # the detail: --verbose
-    assert cli.main(["--from-json", str(path), "--markdown", str(md), "--verbose"]) == 0
+    assert cli.main(["report", str(path), "--markdown", str(md), "--verbose"]) == 0
     assert "- pre-697 round 0: bs 2 host 0." in md.read_text()
 
 
-def test_verbose_is_refused_for_a_record_with_no_detail(tmp_path, capsys):
-    rig = tmp_path / "rig.json"
-    rig.write_text(json.dumps(json.loads((Path(__file__).parent / "records" / "rig-bench.json").read_text())["record"]))
-    assert cli.main(["--from-json", str(rig), "--markdown", str(tmp_path / "r.md"), "--verbose"]) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--verbose: a rig record has no detail beyond its --markdown" in err
+def test_verbose_is_refused_first_for_a_record_with_no_detail(tmp_path, capsys):
+    rig = Path(__file__).parent / "records" / "rig-bench.json"
+    assert cli.main(["report", str(rig), "--markdown", str(tmp_path / "r.md"), "--verbose"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""  # refused before anything is printed
+    assert err.count("\n") == 1 and "--verbose: a rig record has no detail beyond its report" in err
     assert not (tmp_path / "r.md").exists()
 
 
-def test_from_json_refuses_what_is_no_record_in_one_line(tmp_path, capsys):
-    for text, why in (("{", "cannot be read as JSON"), ('{"a": 1}', "not a whole bench record")):
-        path = tmp_path / "x.json"
-        path.write_text(text)
-        assert cli.main(["--from-json", str(path)]) == 1
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and why in err and "accepted values are a record written by" in err, err
-    assert cli.main(["--from-json", str(tmp_path / "none.json")]) == 1
+@pytest.mark.parametrize("text, why", [
+    ("{", "cannot be read as JSON"),
+    ('{"a": 1}', "not a bench record (its shape matches no kind)"),
+    ('{"arms": {}, "config": {}}', "rig: missing 'env'"),  # a rig record missing its parts
+    ('{"kind": "engine", "schema": 2, "cases": [{"model": "m"}]}', "engine.cases[0]: missing 'label'"),
+    ('{"kind": "x", "schema": 2}', "a record of kind 'x'"),
+    ('{"kind": "rig", "schema": 9}', "schema 9, written by a newer freetoken-graphfix"),
+])
+def test_bench_report_refuses_what_is_no_record_in_one_line(tmp_path, capsys, text, why):
+    path = tmp_path / "x.json"
+    path.write_text(text)
+    assert cli.main(["report", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert why in err and "accepted values are a record a bench --json wrote" in err, err
+
+
+def test_a_rig_record_without_its_environment_is_refused_naming_it(tmp_path, capsys):
+    record = json.loads((Path(__file__).parent / "records" / "rig-bench.json").read_text())
+    del record["env"]
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(record))
+    assert cli.main(["report", str(path)]) == 1
+    assert "rig: missing 'env'" in capsys.readouterr().err
+
+
+def test_bench_report_says_a_missing_record_does_not_exist(tmp_path, capsys):
+    assert cli.main(["report", str(tmp_path / "none.json")]) == 1
     assert "does not exist" in capsys.readouterr().err
 
 
 def test_plot_draws_the_gap_distributions_and_the_steps(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the test extra installs matplotlib")
-    record = rec(traced={"upstream": [{"2": TIMELINE}], "pre-697": [{"2": TIMELINE}]},
+    record = rec(traced={"upstream": [{"by_bs": {"2": TIMELINE}}], "pre-697": [{"by_bs": {"2": TIMELINE}}]},
                  upstream=[looped(1), looped(2, step=1.22, host=0.4)], **{"pre-697": [looped(3), looped(4)]})
-    from freetoken_graphfix.bench.engine_plot import plot
+    from freetoken_graphfix.bench.engine.plot import plot
 
     png = tmp_path / "p.png"
-    assert plot([record], str(png)) == f"wrote {png}"
+    assert plot(record.case, record.figures, str(png)) == f"wrote {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = tmp_path / "old.json"  # an earlier record has no gap percentiles: drawn without them
     saved.write_text(json.dumps(current_release_record()))
-    assert cli.main(["--from-json", str(saved), "--plot", str(tmp_path / "old.png")]) == 0
+    assert cli.main(["report", str(saved), "--plot", str(tmp_path / "old.png")]) == 0
     assert f"wrote {tmp_path / 'old.png'}" in capsys.readouterr().out
 
 
 def test_default_arms_hold_an_aa_pair_in_either_case():
-    assert engine.default_arms(False) == ["upstream", "pre-697", "auto"]
-    assert engine.default_arms(True) == ["upstream", "pre-697", "auto", "deferred"]
-    assert engine_stats.aa_pair(engine.default_arms(True), True) == ("auto", "deferred")
-    assert engine_stats.aa_pair(engine.default_arms(False), False) == ("pre-697", "auto")
-    assert engine_stats.aa_pair(["upstream", "pre-697", "auto"], True) is None  # auto defers, pre-697 exposes
+    assert arms.default_engine_arms(False) == ["upstream", "pre-697", "auto"]
+    assert arms.default_engine_arms(True) == ["upstream", "pre-697", "auto", "deferred"]
+    assert arms.aa_pair(arms.default_engine_arms(True), True) == ("auto", "deferred")
+    assert arms.aa_pair(arms.default_engine_arms(False), False) == ("pre-697", "auto")
+    assert arms.aa_pair(["upstream", "pre-697", "auto"], True) is None  # auto defers, pre-697 exposes
 
 
 def test_an_in_process_interval_covers_every_processs_own_figure():
     """Two processes whose own figures disagree (-0.8% and +0.05%, each tight inside): the pooled band
     alone would call the upload faster; the interval must reach both processes, and it cannot."""
     runs = [looped(1, upload=0.992, noise=0.0005), looped(2, upload=1.0005, noise=0.0005)]
-    f = loop.in_loop(runs, "upload")["launch"]["2"]
-    assert f["half"] >= max(abs(math.log(p / f["ratio"])) for p in f["per_process"]) - 1e-12
-    assert verdicts.judged(f["ratio"], f["half"]) == verdicts.CANNOT
+    f = loop.in_loop([process(**r) for r in runs], "upload")["launch"]["2"]
+    assert f.half >= max(abs(math.log(p / f.ratio)) for p in f.per_process) - 1e-12
+    assert verdicts.judged(f.ratio, f.half) == verdicts.CANNOT
 
 
 def test_arms_are_compared_across_processes_by_their_own_graphs_steps():
     """The copies' steps are the same in every arm; only the steps that launched the arm's own graph
     say how its graph decodes against the never-uploaded arm's."""
     record = rec(upstream=[looped(i, own=1.03) for i in range(3)], **{"pre-697": [looped(i + 3) for i in range(3)]})
-    ratio, _, _ = record["summary"]["arms"]["upstream"]["cross"]["step"]["2"]
-    assert ratio == pytest.approx(1.03, abs=0.003)
+    assert record.figures.arms["upstream"].cross["step"]["2"].ratio == pytest.approx(1.03, abs=0.003)
 
 
 def test_the_aa_pair_is_the_floor_not_a_finding():
     runs = {"upstream": [looped(i) for i in range(2)], "pre-697": [looped(i) for i in range(2)],
             "auto": [looped(i + 2, shim=NOOP) for i in range(2)]}
-    text = engine_report.render(rec(**runs))
+    text = (rec(**runs)).text()
     assert "A/A control (auto over pre-697" in text and "auto vs never uploaded (pre-697)" not in text
     assert "upstream vs never uploaded (pre-697), across processes" in text
 
@@ -394,7 +365,7 @@ def test_a_host_bound_decode_step_is_named():
         return dict(r, graph_gpu_ms={bs: [0.7 * t for t in v] for bs, v in r["step_gpu_ms"].items()})
 
     record = rec(upstream=[slow_graph(looped(1))], **{"pre-697": [looped(2)]})
-    assert engine_cross_report.host_bound(record["summary"]) == [
+    assert detail.host_bound(record.figures) == [
         f"upstream bs {bs}: the graph step takes 70% of the decode step's GPU time (host-bound: the step's GPU time "
         "and tok/s follow the host)" for bs in ("2", "1")]
 
@@ -472,12 +443,11 @@ def test_the_engines_own_graph_is_judged_against_a_never_uploaded_arms_own_graph
     speed-up the control shows too is not the upload's. Without it in the control, the speed-up stands."""
     path = rec(upstream=[looped(i, own=0.985) for i in range(3)],
                **{"pre-697": [looped(i, own=0.986) for i in range(3)]})
-    text = engine_report.render(path)
+    text = (path).text()
     assert "as pre-697's own graph, never uploaded" in own_line(text, "upstream")
     assert "not the upload" in own_line(text, "pre-697")
     assert "FASTER" not in text.split("kernel timeline")[0]
-    real = engine_report.render(rec(upstream=[looped(i, own=0.985) for i in range(3)],
-                                    **{"pre-697": [looped(i) for i in range(3)]}))
+    real = rec(upstream=[looped(i, own=0.985) for i in range(3)], **{"pre-697": [looped(i) for i in range(3)]}).text()
     assert own_line(real, "upstream").endswith(verdicts.FASTER)
     assert own_line(real, "pre-697").endswith(verdicts.NO_COST)
 
@@ -519,17 +489,18 @@ def test_the_markdown_opens_with_775s_table_per_build():
     """#775's figures, ready to paste: GPU ms a decode step and the median gap per stream, per build and
     bs, right under the headline and the environment, above every detail."""
     record = rec(upstream=[looped(i) for i in range(2)], **{"pre-697": [looped(i + 2) for i in range(2)]})
-    gaps = {f"s{i}": [0.51, 0.5, 0.52] for i in range(1, 7)}
-    figures = {key: [1.0, 1.0, 1.0] for key in ("graph_kernels", "step_kernels", "busy_us", "streams", "launches")}
-    record["summary"]["arms"]["upstream"]["timeline"] = {"processes": 1, "note": "", "2": {**figures, "gap_us": gaps}}
-    text = engine_report.markdown([record])
+    gaps = {f"s{i}": (0.51, 0.5, 0.52) for i in range(1, 7)}
+    one = (1.0, 1.0, 1.0)
+    record.figures.arms["upstream"].timeline = figures.Timeline(
+        1, "", {"2": figures.TimelineFigure(one, one, one, one, one, gaps, {})})
+    text = record.markdown()
     table = "| build | bs | GPU ms per decode step | median gap between kernels per stream, µs (traced) |"
     assert text.index("- the upload in the decode loop: ") < text.index(table) < text.index(
         "**the upload in the decode loop, same graph")
-    step = record["summary"]["arms"]["upstream"]["step_gpu_ms"]["2"]["median"]
+    step = record.figures.arms["upstream"].step_gpu_ms["2"].median
     assert f"| upstream | 2 | {step:.3f} | s1 0.51, s2 0.51, s3 0.51, s4 0.51 (+2 more) |" in text
     assert "| pre-697 | 1 |" in text and text.count("not traced |") == 3
-    assert text.rstrip().endswith('the README\'s section "Checking #775 where it was reported"._')
+    assert text.rstrip().endswith('docs/measuring.md, "Checking #775 where it was reported"._')
 
 
 def test_a_timed_launch_releases_the_wait_just_before_and_times_between_its_events():
@@ -565,17 +536,19 @@ def test_a_timed_launch_releases_the_wait_just_before_and_times_between_its_even
 
 
 def test_the_readmes_example_report_is_what_the_code_prints_for_its_record():
-    """The README shows the answer and the markdown's head for the llama on #775's workload: they are
+    """docs/measuring.md shows the answer and the markdown's head for the llama on #775's workload: they are
     rendered here again, by the current code, from the record that run kept."""
+    from freetoken_graphfix.bench import record_files
+    from freetoken_graphfix.bench.reports import report_of
+
     from .gpu_records import RECORDS
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    record = json.loads((RECORDS / "engine-llama.json").read_text())["record"]
-    record.update(engine.judge(record["runs"], record["traced"], record["expects_wait"]))
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "measuring.md").read_text()
+    report = report_of(record_files.read(str(RECORDS / "engine-llama.json")))
     text = re.search(r"and a test renders this block from it\):\n\n```text\n(.*?)\n```", readme, re.S).group(1)
     md = re.search(r"first lines of its `--markdown` \((\d+) in all\):\n\n```markdown\n(.*?)\n```", readme, re.S)
-    assert text.splitlines() == engine_report.render(record).splitlines()[:4]
-    markdown = engine_report.markdown([record]).splitlines()
+    assert text.splitlines() == report.text.splitlines()[:4]
+    markdown = report.markdown(False).splitlines()
     assert md.group(2).splitlines() == markdown[:len(md.group(2).splitlines())]
     assert int(md.group(1)) == len(markdown) <= 60
     assert markdown[2].startswith("- **safety: ") and markdown[3].startswith("- the upload in the decode loop: ")

@@ -15,7 +15,10 @@ import dataclasses
 import pytest
 
 from freetoken_graphfix import bootstrap
-from freetoken_graphfix.bench import arms, common, engine, engine_report, model, target
+from freetoken_graphfix.bench import arms, model, records, target
+from freetoken_graphfix.bench.cases import Case
+from freetoken_graphfix.bench.engine.run import engine_case
+from freetoken_graphfix.bench.reports import report_of
 from freetoken_graphfix.bench.settings import EngineSettings
 
 from . import gpu_checks
@@ -27,13 +30,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]  # a module fixture ru
 
 # 48 layers: the cost check (the never-uploaded arms never block at this size). 320 layers, #775's
 # configuration (NVFP4 experts, MoE offload): every arm, where the never-uploaded ones block. Gate (no
-# WAIT at all) is bench --engine's, not needed here.
+# WAIT at all) is bench engine's, not needed here.
 SMALL_ARMS = ["upstream", "pre-697", "skip", "auto"]
 LARGE_ARMS = [a for a in arms.ARMS if a != arms.GATE]
 
 
 def engine_record(name: str, layers: int, arm_names: list[str], tmp_path_factory, ft_args: tuple[str, ...] = (),
-                  experts: str = "bf16", **over) -> dict:
+                  experts: str = "bf16", **over) -> records.EngineRecord:
     assert bootstrap.installed_pth() is not None, (
         "freetoken-graphfix is not installed in this interpreter's site-packages: the engine processes "
         "would never get the shim (pip install . first)")
@@ -41,10 +44,10 @@ def engine_record(name: str, layers: int, arm_names: list[str], tmp_path_factory
                               replays=50, copies=2, trace_steps=0, trace_runs=1, warmup=True, watchdog=4.0,
                               hang_timeout=300.0)
     settings = dataclasses.replace(settings, **over)
-    case = common.Case(target.synthetic(settings.context, settings.decode_steps, ft_args, experts), layers)
-    record = engine.engine_record(case, settings, str(tmp_path_factory.mktemp(f"engine-{layers}")))
-    print("\n" + engine_report.render(record))
-    return keep(name, "engine", record)
+    case = Case(target.synthetic(settings.context, settings.decode_steps, ft_args, experts), layers)
+    record = records.EngineRecord([engine_case(case, settings, str(tmp_path_factory.mktemp(f"engine-{layers}")))])
+    print("\n" + report_of(record).text)
+    return keep(name, record)
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +81,17 @@ def hybrid_locked(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    """``bench --engine --model`` on a config-only llama (16 layers) with FreeToken's dummy weights,
+    """``bench engine --model`` on a config-only llama (16 layers) with FreeToken's dummy weights,
     through the CLI as a user runs it, on #775's workload (a 65,536-token context, 200 greedy decode
     steps): two rounds and two traced runs per arm. At that context the decode step is GPU-bound, so
     the positive control can be read back in the step as well as in the launch."""
     root = tmp_path_factory.mktemp("llama")
     model.write_model(str(root / "llama"), "llama", None)
-    record, code = bench_record(["--engine", "--model", str(root / "llama"), "--context", "65536", "--decode-steps",
+    record, code = bench_record(["engine", "--model", str(root / "llama"), "--context", "65536", "--decode-steps",
                                  "200", "--rounds", "2", "--trace-steps", "8", "--replays", "50", "--copies", "2",
                                  "--", *model.ENGINE_FLAGS["llama"].split()], root)
-    return keep("engine-llama", "engine", record, code)
+    assert code == 0
+    return keep("engine-llama", record)
 
 
 @pytest.mark.parametrize("check", gpu_checks.for_record("engine-small"))

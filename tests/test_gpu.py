@@ -2,7 +2,7 @@
 
 FreeToken 0.2.1's real ``GraphRunner._capture_graphs`` and ``replay``, a real ``DiskRowTable`` in
 CUDA wait-sync mode over a synthetic safetensors PLE checkpoint, driven through the real
-``forward_host_ctx`` protocol (``freetoken_graphfix.bench.rig``). Substituted: the model (PLE lookup, then
+``forward_host_ctx`` protocol (``freetoken_graphfix.bench.rig.pieces``). Substituted: the model (PLE lookup, then
 small kernels), the attention backend and the dummy request; nothing of FreeToken's graph,
 row-store or PLE code. What each record must show is in ``gpu_checks``.
 """
@@ -15,7 +15,7 @@ import torch
 import freetoken_graphfix
 
 from . import gpu_checks
-from .gpu_records import keep
+from .gpu_records import keep, keep_steps
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]  # a module fixture runs whole engines
 
@@ -24,7 +24,7 @@ STEPS = [(2, 11), (1, 12), (2, 13), (1, 14)]  # (bs, seed) in serving order, fir
 
 @pytest.fixture(scope="module")
 def rig():
-    from freetoken_graphfix.bench.rig import Rig
+    from freetoken_graphfix.bench.rig.pieces import Rig
 
     return Rig(kernels=10000, streams=1)
 
@@ -58,7 +58,7 @@ def modes(rig):
             out[mode] = dict(step_record(results, graphs, reference), flag=int(rig.table._flag[0]))
     results, graphs = run(rig, "skip", watchdog_s=2.0)
     out["skip"] = step_record(results, graphs)
-    return keep("rig-modes", "rig-steps", out)
+    return keep_steps("rig-modes", out)
 
 
 @pytest.mark.parametrize("check", gpu_checks.for_record("rig-modes"))
@@ -67,7 +67,7 @@ def test_modes(modes, check):
 
 
 def test_deferred_at_64k_kernels(clean_shim):
-    from freetoken_graphfix.bench.rig import Rig
+    from freetoken_graphfix.bench.rig.pieces import Rig
 
     big = Rig(kernels=64000, streams=1)
     freetoken_graphfix.install("deferred")
@@ -76,7 +76,7 @@ def test_deferred_at_64k_kernels(clean_shim):
     graph = freetoken_graphfix.status()["passes"][-1]["graphs"][0]
     record = {"fired": [first.fired, second.fired], "launch_ms": [first.launch_ms, second.launch_ms],
               "first_launch": graph["first_launch"]}
-    gpu_checks.deferred_at_64k_kernels(keep("rig-64k", "rig-steps", record))
+    gpu_checks.deferred_at_64k_kernels(keep_steps("rig-64k", record))
 
 
 def test_unknown_owner_warm_replayed(clean_shim):
@@ -117,24 +117,24 @@ def test_unknown_owner_warm_replayed(clean_shim):
         stream.synchronize()
         record["fired"].append(fired.is_set())
         record["flags"].append(int(flag[0]))
-    gpu_checks.unknown_owner_warm_replayed(keep("rig-unknown-owner", "rig-steps", record))
+    gpu_checks.unknown_owner_warm_replayed(keep_steps("rig-unknown-owner", record))
+
+
+def rig_record(*argv: str):
+    """``bench rig`` with ``argv``, measured in this process."""
+    from freetoken_graphfix.bench import cli
+    from freetoken_graphfix.bench.rig.measure import run_arms
+    from freetoken_graphfix.bench.settings import RigSettings, from_options
+
+    return run_arms(from_options(RigSettings, cli.parser().parse_args(["rig", *argv])), "bench rig " + " ".join(argv))
 
 
 def test_bench_record_every_instance_measured_and_only_skip_blocked(clean_shim):
-    from freetoken_graphfix.bench import cli, replay
-    from freetoken_graphfix.bench.settings import RigSettings, from_options
-
-    opts = cli.parser().parse_args(["--kernels", "10000", "--streams", "1", "--instances", "2", "--reps", "10",
-                                    "--profile-reps", "0", "--watchdog", "2"])
-    record = replay.run_arms(from_options(RigSettings, opts))
-    gpu_checks.bench_record_every_instance_measured_and_only_skip_blocked(keep("rig-bench", "rig", record))
+    record = rig_record("--kernels", "10000", "--streams", "1", "--instances", "2", "--reps", "10", "--profile-reps",
+                        "0", "--watchdog", "2")
+    gpu_checks.bench_record_every_instance_measured_and_only_skip_blocked(keep("rig-bench", record))
 
 
 def test_the_rigs_positive_control_is_recovered(clean_shim):
-    from freetoken_graphfix.bench import cli, replay
-    from freetoken_graphfix.bench.settings import RigSettings, from_options
-
-    opts = cli.parser().parse_args(["--reps", "50", "--profile-reps", "0"])
-    record = replay.run_arms(from_options(RigSettings, opts))
-    gpu_checks.the_positive_control_is_recovered_so_the_rig_could_see_775s_cost(
-        keep("rig-control", "rig", record))
+    record = rig_record("--reps", "50", "--profile-reps", "0")
+    gpu_checks.the_positive_control_is_recovered_so_the_rig_could_see_775s_cost(keep("rig-control", record))

@@ -1,56 +1,50 @@
 """The GPU tests' checks, on CPU, against the records of the last H200 run that passed.
 
 A GPU test's assertions live in ``gpu_checks``; here each runs against its record in
-``tests/records/`` after the record is judged again by the current code (``bench --from-json``'s
-path), so a renamed attribute, a moved key or a record shape the code no longer reads turns CPU CI
-red instead of waiting for the next GPU run. A missing record fails: it is refreshed by running the
-GPU suite with ``GRAPHFIX_RECORDS=tests/records`` (see the README).
+``tests/records/``, read as ``bench report`` reads it and judged by the current code, so a renamed
+attribute, a moved key or a record shape the code no longer reads turns CPU CI red instead of waiting
+for the next GPU run. A missing record fails: it is refreshed by running the GPU suite with
+``GRAPHFIX_RECORDS=tests/records`` (see docs/developing.md).
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from freetoken_graphfix.bench import engine, rejudge, serve
-
 from . import gpu_checks
-from .gpu_records import RECORDS, load
+from .gpu_records import RECORDS, load, load_steps
 
 GPU_MODULES = ["test_engine_gpu.py", "test_gpu.py", "test_serve_gpu.py", "test_013_gpu.py"]
 
 
-def rejudged(name: str) -> dict:
-    """Record ``name`` as the GPU test saw it, its verdict part (what ``judge`` writes) dropped and
-    computed again by the current rules, and read back the way ``bench --from-json`` reads it."""
-    measured = load(name)
-    record, kind = measured["record"], measured["kind"]
-    if kind == "engine":
-        for key in ("summary", "wait_case"):
-            del record[key]
-        record.update(engine.judge(record["runs"], record["traced"], record["expects_wait"]))
-    elif kind == "serve":
-        for key in ("problems", "wait_case"):
-            del record[key]
-        record.update(serve.judge(record["runs"], record["expects_wait"]))
-    else:
-        assert kind in ("rig", "rig-steps"), kind
-    if kind != "rig-steps":
-        assert rejudge.judged([record] if kind != "rig" else record).kind == kind
-    return measured
+def measured(name: str):
+    return load(name) if (RECORDS / f"{name}.json").is_file() else load_steps(name)
 
 
 @pytest.mark.parametrize(("name", "check"), [
     pytest.param(name, fn, id=f"{name}-{fn.__name__}") for name, fns in gpu_checks.CHECKS.items() for fn in fns])
 def test_the_gpu_check_holds_on_its_recorded_h200_record(name, check):
-    check(rejudged(name))
+    check(measured(name))
 
 
 def test_every_record_has_checks_and_every_check_a_record():
-    kept, checked = {p.stem for p in RECORDS.glob("*.json")}, set(gpu_checks.CHECKS)
+    kept = {p.stem for p in RECORDS.glob("*.json")} | {p.stem for p in (RECORDS / "steps").glob("*.json")}
+    checked = set(gpu_checks.CHECKS)
     assert kept == checked, (sorted(kept - checked), sorted(checked - kept))
+
+
+@pytest.mark.parametrize("path", sorted(RECORDS.glob("*.json")), ids=lambda p: p.name)
+def test_every_kept_bench_record_reads_back_through_bench_report(path):
+    """As a user would read it: ``freetoken-graphfix bench report tests/records/NAME.json``."""
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "report", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() and "error" not in out.stderr
 
 
 def test_the_gpu_modules_keep_and_check_every_record():
@@ -62,7 +56,7 @@ def test_the_gpu_modules_keep_and_check_every_record():
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
                 fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-                if fn in ("keep", "engine_record"):
+                if fn in ("keep", "keep_steps", "engine_record"):
                     kept.add(node.args[0].value)
                 elif fn == "for_record":
                     checked.add(node.args[0].value)

@@ -1,6 +1,6 @@
-"""The rig's verdict held to known answers: records in ``bench --json``'s shape with the upload a known
-amount slower or faster, the instances 0.1-0.5% apart, over many seeds. A verdict that hides an
-effect (a cost taken for a mode of its own, a speed-up called "none") or invents one at 0 turns red."""
+"""The rig's verdict held to known answers: records in ``bench rig --json``'s shape with the upload a
+known amount slower or faster, the instances 0.1-0.5% apart, over many seeds. A verdict that hides an
+effect (a cost taken for a cluster of its own, a speed-up called "none") or invents one at 0 turns red."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import functools
 
 import pytest
 
-from freetoken_graphfix.bench import report, stats
+from freetoken_graphfix.bench.rig import figures, report
 
 from .known_answers import rig_record
 
@@ -28,31 +28,31 @@ def word(verdict: str) -> str:
 def test_the_verdict_names_the_direction_and_the_size_within_its_band(cost, apart):
     right = 0
     for seed in SEEDS:
-        table = stats.rows(rig_record(cost, apart, seed))
-        ups = [r for r in table if r["arm"] == "upload"]
-        direction = word(stats.verdict(table)) == ("COSTS" if cost > 0 else "FASTER")
-        right += direction and all(abs(r["ratio_skip"] - 1 - cost) <= stats.judging_width(r) for r in ups)
+        table = figures.rows(rig_record(cost, apart, seed))
+        ups = [r for r in table if r.arm == "upload"]
+        direction = word(report.verdict(table)) == ("COSTS" if cost > 0 else "FASTER")
+        right += direction and all(abs(r.to_skip.ratio - 1 - cost) <= r.judging_width for r in ups)
     assert right >= 19, f"{right} of 20 seeds right at {cost:+.1%}, instances {apart:.2%} apart"
 
 
 @pytest.mark.parametrize("apart", APART)
 def test_no_upload_cost_is_never_called_a_cost_or_a_speed_up(apart):
-    verdicts = [stats.verdict(stats.rows(rig_record(0.0, apart, seed))) for seed in SEEDS]
+    verdicts = [report.verdict(figures.rows(rig_record(0.0, apart, seed))) for seed in SEEDS]
     assert all(word(v) == "no cost beyond" for v in verdicts), [v for v in verdicts if "no cost beyond" not in v]
 
 
-def test_a_cost_beyond_every_never_uploaded_instance_is_a_cost_not_a_mode_of_its_own():
-    """The split into modes comes from the never-uploaded arms alone: a +10% upload lies outside all of
-    them, in the one mode they share, and is measured there."""
-    table = stats.rows(rig_record(0.10, 0.0035, seed=1))
-    up = next(r for r in table if r["arm"] == "upload")
-    assert up["modes"] == 1 and up["ratio_skip"] == pytest.approx(1.10, abs=0.002)
-    assert "COSTS this GPU replay time, up to +10" in stats.verdict(table)
+def test_a_cost_beyond_every_never_uploaded_instance_is_a_cost_not_a_cluster_of_its_own():
+    """The split into clusters comes from the never-uploaded modes alone: a +10% upload lies outside all
+    of them, in the one cluster they share, and is measured there."""
+    table = figures.rows(rig_record(0.10, 0.0035, seed=1))
+    up = next(r for r in table if r.arm == "upload")
+    assert up.clusters == 1 and up.to_skip.ratio == pytest.approx(1.10, abs=0.002)
+    assert "COSTS this GPU replay time, up to +10" in report.verdict(table)
 
 
 def test_tight_instances_resolve_775s_cost():
-    table = stats.rows(rig_record(0.021, 0.001, seed=3))
-    assert "COSTS" in stats.verdict(table) and "+2.1" in stats.verdict(table)
+    table = figures.rows(rig_record(0.021, 0.001, seed=3))
+    assert "COSTS" in report.verdict(table) and "+2.1" in report.verdict(table)
 
 
 def test_the_positive_control_recovered_gives_the_runs_sensitivity():
@@ -63,18 +63,18 @@ def test_the_positive_control_recovered_gives_the_runs_sensitivity():
 
 def test_a_control_not_recovered_leaves_no_verdict_and_says_why():
     """A run that reads the known +2% as +0.5% would have read #775's cost as small as well."""
-    table = stats.rows(rig_record(0.05, 0.0025, seed=4, control_read=0.005))
-    assert stats.control_line(table).endswith("NOT recovered, so no verdict")
-    assert stats.verdict(table).startswith("verdict: none: the positive control was not recovered (bs ")
-    overread = stats.rows(rig_record(0.0, 0.001, seed=4, control_read=0.04))
-    assert stats.verdict(overread).startswith("verdict: none: the positive control was not recovered")
+    table = figures.rows(rig_record(0.05, 0.0025, seed=4, control_read=0.005))
+    assert report.control_line(table).endswith("NOT recovered, so no verdict")
+    assert report.verdict(table).startswith("verdict: none: the positive control was not recovered (bs ")
+    overread = figures.rows(rig_record(0.0, 0.001, seed=4, control_read=0.04))
+    assert report.verdict(overread).startswith("verdict: none: the positive control was not recovered")
 
 
 def test_a_record_written_before_the_control_is_judged_and_says_it_lacks_one():
     record = rig_record(0.021, 0.0025, seed=5, arms=("upload", "skip", "warm", "deferred", "auto"))
-    table = stats.rows(record)
-    assert stats.control_line(table).startswith("positive control: not measured (it needs the skip strategy")
-    assert "COSTS" in stats.verdict(table)
+    table = figures.rows(record)
+    assert report.control_line(table).startswith("positive control: not measured (it needs the skip mode")
+    assert "COSTS" in report.verdict(table)
     text = report.markdown(record)
     assert "positive control: not measured" in text and "Checking #775 where it was reported" in text
 
@@ -83,30 +83,31 @@ def test_the_aa_floor_widens_the_interval_when_identical_arms_came_apart():
     """Arms captured one after another may differ by where they were placed, not by what was done to
     them: the A/A arms' own distance bounds what a ratio may claim."""
     record = rig_record(0.004, 0.001, seed=6)
-    for replays in record["arms"]["warm"]["replay_us"].values():
+    for replays in record.arms["warm"].replay_us.values():
         for instance in replays:
             instance[:] = [t * 1.006 for t in instance]
-    table = stats.rows(record)
-    up = next(r for r in table if r["arm"] == "upload" and r["bs"] == "1")
-    assert up["aa_floor"] > 0.006 > up["half"]
-    assert "COSTS" not in stats.verdict(table)
+    table = figures.rows(record)
+    up = next(r for r in table if r.arm == "upload" and r.bs == "1")
+    assert up.aa_floor > 0.006 > up.to_skip.half
+    assert "COSTS" not in report.verdict(table)
 
 
-# ---------------------------------------------------------------- --engine, the upload in the decode loop
+# ---------------------------------------------------------------- bench engine, the upload in the decode loop
 
 LOOP_COSTS = (-0.03, 0.0, 0.01, 0.021, 0.05, 0.10)
 
 
 @functools.cache
-def loop_figures(cost: float, apart: float) -> list[dict]:
+def loop_figures(cost: float, apart: float) -> list:
     """Three processes a seed, four copies a kind, the executables a known spread apart (placement),
     the uploaded ones ``1 + cost`` slower: the loop's step figure per bs, over 20 seeds (40 figures)."""
-    from freetoken_graphfix.bench import loop
+    from freetoken_graphfix.bench.engine import loop
 
-    from .test_engine_figures import looped
+    from .engine_records import looped, process
 
     return [f for seed in SEEDS for f in loop.in_loop(
-        [looped(10 * seed + i, upload=1 + cost, placement=apart / 3.3) for i in range(3)], "upload")["step"].values()]
+        [process(**looped(10 * seed + i, upload=1 + cost, placement=apart / 3.3)) for i in range(3)],
+        "upload")["step"].values()]
 
 
 @pytest.mark.parametrize("apart", APART)
@@ -116,7 +117,7 @@ def test_the_decode_loop_names_a_known_upload_cost_and_never_invents_one(cost, a
     from freetoken_graphfix.bench import verdicts
 
     want = (verdicts.COSTS,) if cost > 0 else (verdicts.FASTER,) if cost < 0 else (verdicts.NO_COST, verdicts.CANNOT)
-    judged = [verdicts.judged(f["ratio"], f["half"]) for f in loop_figures(cost, apart)]
+    judged = [verdicts.judged(f.ratio, f.half) for f in loop_figures(cost, apart)]
     assert len(judged) == 40
     if cost == 0:
         assert not {verdicts.COSTS, verdicts.FASTER} & set(judged), judged
@@ -127,12 +128,12 @@ def test_the_decode_loops_interval_holds_the_known_cost_as_often_as_it_says():
     """Pooled over every cost and spread (720 figures), the 95% interval holds the known cost in 94%
     or more (the loop has no A/A floor to widen it): a band too narrow would claim a resolution the
     loop does not have."""
-    held = [abs(f["ratio"] - 1 - cost) <= f["half"] for cost in LOOP_COSTS for apart in APART
+    held = [abs(f.ratio - 1 - cost) <= f.half for cost in LOOP_COSTS for apart in APART
             for f in loop_figures(cost, apart)]
     assert len(held) == 720 and sum(held) >= 0.94 * len(held), sum(held)
 
 
-# ---------------------------------------------------------------- --engine, across processes
+# ---------------------------------------------------------------- bench engine, across processes
 
 @pytest.mark.parametrize("apart", APART)
 @pytest.mark.parametrize("cost", LOOP_COSTS)
@@ -142,9 +143,11 @@ def test_across_processes_a_known_cost_is_named_and_none_invented(cost, apart):
     cost's direction in 19 of 20 seeds or more, and never a cost or a speed-up at 0."""
     import random
 
-    from freetoken_graphfix.bench import engine_cross_report, verdicts
+    from freetoken_graphfix.bench import verdicts
+    from freetoken_graphfix.bench.engine import detail
 
-    from .test_engine_figures import looped, rec
+    from .engine_records import looped
+    from .test_engine_figures import rec
 
     want = verdicts.COSTS if cost > 0 else verdicts.FASTER if cost < 0 else None
     named = []
@@ -156,7 +159,7 @@ def test_across_processes_a_known_cost_is_named_and_none_invented(cost, apart):
                     for i in range(4)]
 
         record = rec(upstream=processes(1 + cost, 0), **{"pre-697": processes(1.0, 10), "auto": processes(1.0, 20)})
-        lines, _ = engine_cross_report.cross_verdicts(record)
+        lines, _ = detail.cross_verdicts(record.figures)
         named.append(next(ln for ln in lines if ln.startswith("upstream") and "decode step" in ln).rsplit(": ", 1)[1])
     if want is None:
         assert not {verdicts.COSTS, verdicts.FASTER} & set(named), named

@@ -1,4 +1,4 @@
-"""``bench --engine/--serve --model`` on CPU: the models ``--write-model`` writes, checked against
+"""``bench engine/serve --model`` on CPU: the models ``bench write-model`` writes, checked against
 FreeToken 0.2.1's own parser, tokenizer loader and model builder; what a model's config says about a
 host-released WAIT; #775's copy workload; the one-line refusals of bad input."""
 
@@ -8,14 +8,21 @@ import json
 
 import pytest
 
-from freetoken_graphfix.bench import cli, engine, engine_report, engine_stats, model, target, workload
+from freetoken_graphfix.bench import cases, cli, model, target, workload
+from freetoken_graphfix.bench.engine import judge
+from freetoken_graphfix.bench.engine.report import DETAIL
+
+from .engine_records import judged as judged_case
+from .engine_records import process
+
+FAMILIES = (model.SYNTHETIC, *model.FAMILIES)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """One written model per family: the synthetic qwen4_exp (8 layers) and the config-only ones."""
     root = tmp_path_factory.mktemp("models")
-    for family in cli.FAMILIES:
+    for family in FAMILIES:
         model.write_model(str(root / family), family, 8 if family == model.SYNTHETIC else 2)
     return root
 
@@ -64,7 +71,7 @@ def test_a_multimodal_config_is_read_through_its_text_config():
     assert target.family({"text_config": {"model_type": "x"}}) == ("x", "unknown", None)
 
 
-@pytest.mark.parametrize("family", cli.FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_copy_workload_in_the_models_own_tokens(models, family):
     """Every request exactly ``--context`` tokens of FreeToken's own tokenizer for the model, each
     starting at another place in the text (no shared prefix past the instruction)."""
@@ -92,25 +99,23 @@ def test_synthetic_kv_holds_two_requests_of_the_workload():
 
 
 def write_error(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exc:
-        cli.main(argv)
-    assert exc.value.code == 2
+    assert cli.main(argv) == 2
     return capsys.readouterr().err.strip().splitlines()[-1].split("error: ", 1)[1]
 
 
 def test_write_model_is_all_or_nothing(tmp_path, capsys):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
-    assert write_error(["--write-model", str(tmp_path / "full"), "--family", "llama"], capsys) == (
-        f"--write-model {str(tmp_path / 'full')!r} already exists and is not an empty directory; accepted values "
+    assert write_error(["write-model", str(tmp_path / "full"), "--family", "llama"], capsys) == (
+        f"write-model {str(tmp_path / 'full')!r} already exists and is not an empty directory; accepted values "
         "are a new or empty directory")
-    assert write_error(["--write-model", str(tmp_path / "m"), "--layers", "2"], capsys).startswith(
+    assert write_error(["write-model", str(tmp_path / "m"), "--layers", "2"], capsys).startswith(
         "layers=2: need at least 4")
-    assert write_error(["--write-model", str(tmp_path / "m"), "--family", "llama", "--experts", "nvfp4"],
+    assert write_error(["write-model", str(tmp_path / "m"), "--family", "llama", "--experts", "nvfp4"],
                        capsys) == ("--experts nvfp4 is for the synthetic qwen4_exp (--family qwen4_exp); a config-only "
                                    "llama model has dummy weights")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # nothing left behind
-    assert cli.main(["--write-model", str(tmp_path / "m"), "--family", "llama", "--layers", "3"]) == 0
+    assert cli.main(["write-model", str(tmp_path / "m"), "--family", "llama", "--layers", "3"]) == 0
     written = json.loads((tmp_path / "m" / "config.json").read_text())
     assert written["num_hidden_layers"] == 3 and "--dummy-weight" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "m"]
@@ -157,21 +162,22 @@ def test_bad_model_input_is_one_line_naming_it(models, tmp_path, capsys, monkeyp
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     args = [a.format(file=tmp_path / "file", empty=tmp_path / "empty", llama=models / "llama",
                      notok=tmp_path / "notok") for a in args]
-    for mode in ("--engine", "--serve"):
-        assert cli.main([mode, *args]) == 1
+    for bench in ("engine", "serve"):
+        assert cli.main([bench, *args]) == 1
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and message in err[0] and err[0].startswith("python -m freetoken_graphfix bench: error:")
+        assert len(err) == 1 and message in err[0] and err[0].startswith(
+            f"python -m freetoken_graphfix bench {bench}: error:")
     assert list((tmp_path / "tmp").iterdir()) == []  # nothing started, nothing left behind
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--engine", "--context", "0"], "argument --context: '0': accepted values are whole numbers of 1 or more"),
-    (["--engine", "--experts", "fp8"], "argument --experts: invalid choice: 'fp8' (choose from 'bf16', 'nvfp4')"),
-    (["--model", "x"], "--model is read by --engine, --serve, not by the rig"),
-    (["--model", ""], "--model is read by --engine, --serve, not by the rig"),
-    (["--json", "/nonexistent/dir/x.json", "--startup"], "--json '/nonexistent/dir/x.json': cannot be written"),
-    (["--engine", "--watchdog", "nan"], "argument --watchdog: 'nan': accepted values are seconds above 0"),
-    (["--engine", "--hang-timeout", "-5"], "argument --hang-timeout: '-5': accepted values are seconds above 0"),
+    (["engine", "--context", "0"], "argument --context: '0': accepted values are whole numbers of 1 or more"),
+    (["engine", "--experts", "fp8"], "argument --experts: invalid choice: 'fp8' (choose from 'bf16', 'nvfp4')"),
+    (["rig", "--model", "x"], "unrecognized arguments: --model x"),
+    (["rig", "--model", ""], "unrecognized arguments: --model "),
+    (["startup", "--json", "/nonexistent/dir/x.json"], "--json '/nonexistent/dir/x.json': cannot be written"),
+    (["engine", "--watchdog", "nan"], "argument --watchdog: 'nan': accepted values are seconds above 0"),
+    (["engine", "--hang-timeout", "-5"], "argument --hang-timeout: '-5': accepted values are seconds above 0"),
 ])
 def test_bad_options_are_refused_before_anything_runs(capsys, args, message):
     with pytest.raises(SystemExit) as exc:
@@ -184,7 +190,7 @@ def test_a_good_model_gets_as_far_as_the_gpu(models, capsys):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    assert cli.main(["--engine", "--model", str(models / "llama"), "--", "--dummy-weight"]) == 1
+    assert cli.main(["engine", "--model", str(models / "llama"), "--", "--dummy-weight"]) == 1
     assert "no CUDA device" in capsys.readouterr().err
 
 
@@ -205,12 +211,8 @@ def shim(mode, action, graphs=3):
             "passes": [{"graphs": [{"action": action}] * graphs}]}
 
 
-def judged(**arms):
-    runs = {arm: [dict(r) for r in rs] for arm, rs in arms.items()}
-    return {"model": "llama", "label": "llama", "layers": None, "ft_args": ["--dummy-weight"], "context": 4096,
-            "decode_steps": 200, "rounds": 2, "env": {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"},
-            "expects_wait": False, "runs": runs, "traced": {}, "command": "python -m freetoken_graphfix bench ...",
-            **engine.judge(runs, {}, False)}
+def judged(traced=None, **arms):
+    return judged_case(False, traced, "llama", **arms)
 
 
 def test_without_a_wait_every_shim_arm_is_a_no_op_and_every_arm_must_match():
@@ -219,37 +221,38 @@ def test_without_a_wait_every_shim_arm_is_a_no_op_and_every_arm_must_match():
     good = judged(upstream=[no_wait_result()] * 2, **{"pre-697": [no_wait_result(upload_ms=[])] * 2},
                   auto=[no_wait_result(shim=shim("auto", "no-op"))] * 2,
                   upload=[no_wait_result(shim=shim("upload", "upload"))] * 2)
-    assert not good["wait_case"] and engine.failures(good) == []
-    assert all(s["protected"] for s in good["summary"]["arms"].values()) and good["summary"]["base"] == "pre-697"
-    text = engine_report.render(good)
+    assert not good.figures.wait_case and good.failures() == []
+    assert all(s.protected for s in good.figures.arms.values()) and good.figures.base == "pre-697"
+    text = good.text()
     assert "no decode graph holds a WAIT the host releases after the launch" in text
     assert "negative control" not in text
     bad = judged(upstream=[no_wait_result()] * 2, **{"pre-697": [no_wait_result(token_hash="bbbb")] * 2},
                  auto=[no_wait_result(shim=shim("auto", "deferred"))] * 2)
     wrong = "auto: expected action no-op for every graph, got ['deferred', 'deferred', 'deferred']"
-    assert sorted(engine.failures(bad)) == [wrong, wrong, "pre-697: tokens ['bbbb'] differ from upstream's"]
+    assert sorted(bad.failures()) == [wrong, wrong, "pre-697: tokens ['bbbb'] differ from upstream's"]
     never = judged(upstream=[no_wait_result(steps={"prefill": 3, "decode": 200, "graph": 0})] * 2)
-    assert "decode never ran on a CUDA graph" in engine.failures(never)[0]
+    assert "decode never ran on a CUDA graph" in never.failures()[0]
 
 
 def test_a_model_expected_to_hold_the_wait_that_does_not_is_a_problem():
-    r = no_wait_result()
-    assert engine.arm_problems("upstream", r, False, expects_wait=True) == [
+    r = process(**no_wait_result())
+    assert judge.problems("upstream", r, False, expects_wait=True) == [
         "PLE table NoneType is not in CUDA wait-sync mode: no WAIT to protect"]
-    assert engine.arm_problems("upstream", r, False, expects_wait=False) == []
+    assert judge.problems("upstream", r, False, expects_wait=False) == []
 
 
 def test_the_markdown_report_has_775s_shape():
-    timeline = {"note": "n", "2": {"launches": 23, "graph_kernels": 1090, "step_kernels": 1102, "busy_us": 812.5,
-                                   "streams": 4, "gap_us": {f"s{i}": {"median": 0.19, "n": 9} for i in (1, 2, 3, 4)}}}
-    rec = judged(upstream=[no_wait_result()] * 2, **{"pre-697": [no_wait_result(upload_ms=[])] * 2})
-    rec["summary"]["arms"]["upstream"]["timeline"] = engine_stats.timeline([timeline])
-    text, verbose = engine_report.markdown([rec]), engine_report.markdown([rec], verbose=True)
-    for piece in ("| GPU | GPU |", "| driver | 1 |", "| FreeToken | 0.2.1 |", "| model | llama |",
-                  "`python -m freetoken_graphfix bench ...`",
-                  "| build | bs | GPU ms per decode step | tok/s | vs never uploaded, within host modes (95%) |",
+    gaps = {f"s{i}": 0.19 for i in range(1, 5)}
+    timeline = {"note": "n", "by_bs": {"2": {"launches": 23, "graph_kernels": 1090, "step_kernels": 1102,
+                                              "busy_us": 812.5, "streams": 4, "gap_us": gaps}}}
+    rec = judged(traced={"upstream": [timeline]}, upstream=[no_wait_result()] * 2,
+                 **{"pre-697": [no_wait_result(upload_ms=[])] * 2})
+    text, verbose = rec.markdown(), rec.markdown(verbose=True)
+    for piece in ("| GPU | GPU |", "| driver | 1 |", "| FreeToken | 0.2.1 |", "| model | a model |",
+                  "`freetoken-graphfix bench engine ...`",
+                  "| build | bs | GPU ms per decode step | tok/s | vs never uploaded, within host levels (95%) |",
                   "| upstream | 2 | 3.305 | 605.1 | 1.0000 ± 0.0000 |", "| pre-697 | 2 | 3.305 | 605.1 | 1 (base) |",
-                  "the upload in the decode loop, same graph, same process: not measured", engine_report.DETAIL):
+                  "the upload in the decode loop, same graph, same process: not measured", DETAIL):
         assert piece in text, piece
     for piece in ("upstream       bs 2: 1 process(es), kernels 1102 (1090), busy 812.5 µs, 4 streams, gap s1 0.190 "
                   "s2 0.190 s3 0.190 s4 0.190", "free GPU memory after capture, upstream: 9000 MiB"):  # the detail
@@ -257,15 +260,12 @@ def test_the_markdown_report_has_775s_shape():
 
 
 def test_freetoken_options_follow_the_synthetic_models_own_and_replace_them(tmp_path):
-    """``bench --engine --layers 8 -- --moe-strategy offload``: the synthetic model with MoE offload in
+    """``bench engine --layers 8 -- --moe-strategy offload``: the synthetic model with MoE offload in
     place of its resident experts, as FreeToken's own parser reads the options the engine gets."""
-    from freetoken_graphfix.bench import model, target
-
-    own, ft_args = cli.split_freetoken_args(["--engine", "--layers", "8", "--", "--moe-strategy", "offload",
-                                             "--moe-collect-stats"])
-    opts = cli.parser().parse_args(own)
-    assert cli.early_checks(opts, ft_args) is None
-    (case,), why = cli.prepare_models(opts, ft_args)
+    asked = cases.Models(None, (8,), "bf16", 4096, 200, None)
+    ft_args = ["--moe-strategy", "offload", "--moe-collect-stats"]
+    assert cases.early_checks(asked, ft_args) is None
+    (case,), why = cases.prepare(asked, ft_args)
     assert why is None and case.layers == 8 and case.target.synthetic and case.target.expects_wait
     model.write_synthetic_config(str(tmp_path), 8)
     args = target.parse_freetoken_args(str(tmp_path), list(case.target.ft_args))
@@ -274,11 +274,9 @@ def test_freetoken_options_follow_the_synthetic_models_own_and_replace_them(tmp_
 
 
 def test_nvfp4_experts_reach_the_synthetic_case():
-    own, ft_args = cli.split_freetoken_args(["--engine", "--layers", "320", "--experts", "nvfp4", "--",
-                                             "--moe-strategy", "hybrid"])
-    opts = cli.parser().parse_args(own)
-    assert cli.early_checks(opts, ft_args) is None
-    (case,), why = cli.prepare_models(opts, ft_args)
+    asked, ft_args = cases.Models(None, (320,), "nvfp4", 4096, 200, None), ["--moe-strategy", "hybrid"]
+    assert cases.early_checks(asked, ft_args) is None
+    (case,), why = cases.prepare(asked, ft_args)
     assert why is None and (case.target.experts, case.label) == ("nvfp4", "320 layers nvfp4")
     assert "NVFP4 experts, ModelOpt safetensors" in case.target.describe()
 
@@ -287,9 +285,9 @@ def test_write_model_prints_its_one_line_and_nothing_of_freetokens(tmp_path):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--write-model", str(tmp_path / "m"),
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "write-model", str(tmp_path / "m"),
                           "--family", "qwen4_exp", "--layers", "4"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stderr == "", out.stderr
-    assert out.stdout.splitlines() == [f"wrote a qwen4_exp model to {tmp_path / 'm'}; run it with: python -m "
-                                       f"freetoken_graphfix bench --engine --model {tmp_path / 'm'} -- "
+    assert out.stdout.splitlines() == [f"wrote a qwen4_exp model to {tmp_path / 'm'}; run it with: "
+                                       f"freetoken-graphfix bench engine --model {tmp_path / 'm'} -- "
                                        f"{model.ENGINE_FLAGS['qwen4_exp']}"]

@@ -1,5 +1,6 @@
-"""``bench --from-nsys``: #775's table from a CSV in the shape ``nsys stats --report cuda_gpu_trace
---format csv`` writes, held to a trace whose step time and gaps are known."""
+"""``bench nsys``: per trace and per graph, Nsight Systems' kernel trace with the stall at the PLE WAIT
+on its own, held to traces whose figures are known, in the layouts ``nsys stats --report
+cuda_gpu_trace --format csv`` writes (its --output file, its stdout, with and without GreenCtx)."""
 
 from __future__ import annotations
 
@@ -7,82 +8,151 @@ import pytest
 
 from freetoken_graphfix.bench import cli, nsys
 
-HEADER = ("Start (ns),Duration (ns),CorrId,GrdX,GrdY,GrdZ,BlkX,BlkY,BlkZ,Reg/Trd,StcSMem (MB),DymSMem (MB),"
-          "Bytes (MB),Throughput (MBps),SrcMemKd,DstMemKd,Device,Ctx,GreenCtx,Strm,Name")
+COLUMNS = ["Start (ns)", "Duration (ns)", "CorrId", "GrdX", "GrdY", "GrdZ", "BlkX", "BlkY", "BlkZ", "Reg/Trd",
+           "StcSMem (MB)", "DymSMem (MB)", "Bytes (MB)", "Throughput (MBps)", "SrcMemKd", "DstMemKd", "Device", "Ctx",
+           "GreenCtx", "Strm", "Name"]
+PREAMBLE = ["NOTICE: Existing SQLite export found: ft-auto.sqlite",
+            "        It is assumed file was previously exported from: ft-auto.nsys-rep",
+            "        Consider using --force-export=true if needed.", "",
+            "Processing [ft-auto.sqlite] with [/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/reports/"
+            "cuda_gpu_trace.py]... ", "", " ** CUDA GPU Trace (cuda_gpu_trace):", ""]
+# a decode graph's launch on stream 7: kernels of 1 µs with these gaps (µs) after each, the stall third;
+# and two kernels on a side stream 13, one before the stall and one after it
+GAPS = [0.5, 0.5, None, 1.5, 1.5]
+NAME = '"void flashlib::attention<128, 64>(float const*, int, bool)"'  # a quoted name holding commas
 
 
-def trace(tmp_path, steps: int = 6, step_ns: int = 20_000_000, gap_ns: int = 500, starts=None,
-          first_gap_ns: int | None = None) -> str:
-    """A decode loop: each step one graph launch (one CorrId) of 5 kernels of 1 µs on stream 7, 0.5 µs
-    apart (the first launch ``first_gap_ns`` apart), and 3 on a side stream 13 with 2 µs between; an H2D
-    copy node first; a prefill pause before step 4, or the launches at ``starts`` (ms)."""
-    rows, corr = [HEADER], 100
-    for k in range(steps):
-        t = 1_000_000_000 + (int(starts[k] * 1e6) if starts else k * step_ns + (300_000_000 if k >= 4 else 0))
-        copy = "[CUDA memcpy Host-to-Device]"
-        rows.append(f"{t - 5000},800,{corr},,,,,,,,,,0.5,625,Pinned,Device,0 (NVIDIA),1,,7,{copy}")  # a graph node
-        gap = first_gap_ns if k == 0 and first_gap_ns is not None else gap_ns
-        for i in range(5):
-            rows.append(f"{t + i * (1000 + gap)},1000,{corr},1,1,1,128,1,1,32,0,0,,,,,0 (NVIDIA),1,,7,kernel_a")
-        for i in range(3):
-            rows.append(f"{t + 100 + i * 3000},1000,{corr},1,1,1,128,1,1,32,0,0,,,,,0 (NVIDIA),1,,13,kernel_b")
+def launch_rows(t0: int, corr: int, stall_ns: int, extra: int, green: bool, quoted: bool) -> list[str]:
+    """One graph launch at ``t0`` ns: ``len(GAPS) + 1 + extra`` kernels on stream 7, the stall after the
+    third; a memcpy node first (not a kernel)."""
+    rows, t = [], t0
+
+    def row(start: int, dur: int, stream: int, name: str) -> str:
+        cells = [str(start), str(dur), str(corr), "1", "1", "1", "128", "1", "1", "32", "0.000", "0.000", "", "", "",
+                 "", "NVIDIA H200 (0)", "1", *(["0"] if green else []), str(stream), name]
+        return ",".join(f'"{c}"' if quoted and not c.startswith('"') else c for c in cells)
+
+    rows.append(row(t - 5000, 800, 7, "[CUDA memcpy Host-to-Device]"))
+    gaps = GAPS + [0.5] * extra
+    rows.append(row(t + 200, 1000, 13, "side_kernel"))
+    for gap in gaps:
+        rows.append(row(t, 1000, 7, NAME))
+        t += 1000 + (stall_ns if gap is None else int(gap * 1000))
+    rows.append(row(t, 1000, 7, NAME))
+    rows.append(row(t + 300, 1000, 13, "side_kernel"))
+    return rows
+
+
+def trace(tmp_path, name: str, stall_ns: int, *, green: bool = True, quoted: bool = True, stdout: bool = False,
+          first_stall_ns: int | None = None) -> str:
+    """Two graphs, as ``bench engine``'s workload launches them: four launches of the larger (bs 2: two
+    more kernels), then four of the smaller (bs 1), 20 ms apart, the first launch of each slower."""
+    header = [c for c in COLUMNS if green or c != "GreenCtx"]
+    rows = (PREAMBLE if stdout else []) + [",".join(f'"{c}"' if quoted else c for c in header)]
+    corr = 100
+    for k in range(8):
+        first = k in (0, 4) and first_stall_ns is not None
+        rows += launch_rows(1_000_000_000 + 20_000_000 * k, corr, first_stall_ns if first else stall_ns,
+                            2 if k < 4 else 0, green, quoted)
         corr += 10
-    path = tmp_path / "ft-upstream_cuda_gpu_trace.csv"
-    path.write_text("\n".join(rows) + "\n")
+    path = tmp_path / f"{name}_cuda_gpu_trace.csv"
+    path.write_text("\n".join(rows) + ("\n\n" if stdout else "\n"))
     return str(path)
 
 
-def test_the_step_time_and_the_gap_per_stream_come_out_of_the_trace(tmp_path):
-    path = trace(tmp_path)
-    assert len(nsys.kernels(path)) == 6 * 8  # the copies are no kernels
-    f = nsys.figures(path)
-    assert f["launches"] == 6
-    assert f["ms_per_step"] == pytest.approx(20.0)  # the 320 ms pause before step 4 is left out
-    assert f["gap_us"] == pytest.approx({"s1": 0.5, "s2": 2.0})
+def test_each_graph_gets_its_own_figures_with_the_stall_at_the_wait_apart(tmp_path):
+    got = nsys.read(trace(tmp_path, "ft-auto", 2_170_000))
+    assert [g.kernels for g in got.graphs] == [10, 8]  # in order of first launch: never pooled
+    big, small = got.graphs
+    assert (big.launches, small.launches) == (4, 4)
+    assert big.stall == nsys.Stall(3, 2170.0, 2170.0, 2170.0)  # after the third kernel of stream 7
+    assert small.stall.after == 3 and small.stall.median_us == pytest.approx(2170.0)
+    # the stall left out of the gaps: 0.5, 0.5, 1.5, 1.5 (+ 0.5, 0.5 in the larger graph)
+    assert small.gap_us["s1"] == pytest.approx(1.0) and big.gap_us["s1"] == pytest.approx(0.5)
+    # the span without the stall: five kernels and four gaps on stream 7 (9 µs), then its last kernel
+    # and the side stream's, which ends 1.3 µs after that last kernel starts; busy: the union
+    assert small.span_us == pytest.approx(10.3) and small.busy_us == pytest.approx(6 + 0.2 + 0.3)
+    assert big.span_us == pytest.approx(13.3) and big.busy_us == pytest.approx(8 + 0.2 + 0.3)
 
 
-def test_a_step_is_the_median_of_the_decode_loops_intervals_without_the_pauses(tmp_path):
-    """Steps of 18-22 ms with two pauses of 300 ms between: 20 ms a step, the pauses left out (with them
-    the median would be 21)."""
-    starts = [0, 18, 37, 57, 357, 378, 400, 700]
-    assert nsys.figures(trace(tmp_path, steps=8, starts=starts))["ms_per_step"] == pytest.approx(20.0)
+def test_the_side_streams_gap_loses_the_time_it_overlaps_the_stall(tmp_path):
+    small = nsys.read(trace(tmp_path, "ft-auto", 2_170_000)).graphs[1]
+    # stream 13's two kernels: the first ends at 1.2 µs, the second starts 0.3 µs after stream 7's last
+    # kernel, which starts at 9 µs plus the stall: the gap is 8.1 µs once the stall is left out
+    assert small.gap_us["s2"] == pytest.approx(9.3 - 1.2)
 
 
-def test_a_graphs_first_launch_is_left_out_of_the_gaps(tmp_path):
-    """The first launch (uploading a never-uploaded graph) runs its kernels 9.5 µs apart, every later one
-    0.5 µs: the steady figure is 0.5."""
-    f = nsys.figures(trace(tmp_path, steps=2, first_gap_ns=9500))
-    assert f["gap_us"]["s1"] == pytest.approx(0.5)
+def test_a_graphs_first_launch_is_its_own_figure(tmp_path):
+    """The first launch (the implicit upload of a never-uploaded graph) stalls 9 ms; later ones 0.26 ms."""
+    got = nsys.read(trace(tmp_path, "ft-upstream", 260_000, first_stall_ns=9_000_000))
+    assert all(g.stall.median_us == pytest.approx(260.0) and g.stall.high_us == pytest.approx(260.0)
+               for g in got.graphs)
 
 
-def test_the_table_has_a_row_per_trace(tmp_path, capsys):
-    path = trace(tmp_path)
-    assert cli.main(["--from-nsys", path, path]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("| build (trace) | graph launches | ms per decode step |")
-    assert out[2] == f"| {path} | 6 | 20.000 | s1 0.50, s2 2.00 |" and out[3] == out[2]
+@pytest.mark.parametrize("green, quoted, stdout", [(True, True, False), (False, True, False), (True, False, False),
+                                                   (True, True, True), (False, True, True)])
+def test_nsys_output_is_read_as_it_comes(tmp_path, green, quoted, stdout):
+    """The --output file and the stdout with its "Processing [...]" and NOTICE lines, with and without the
+    GreenCtx column, quoted or not, kernel names holding commas: the same figures."""
+    got = nsys.read(trace(tmp_path, "ft-auto", 2_170_000, green=green, quoted=quoted, stdout=stdout))
+    assert [(g.kernels, g.launches, round(g.stall.median_us)) for g in got.graphs] == [(10, 4, 2170), (8, 4, 2170)]
+
+
+def test_the_report_compares_builds_on_what_the_profiler_leaves_comparable(tmp_path, capsys):
+    """The same kernels under both builds, the WAIT held 0.26 ms in one trace and 2.17 ms in the other:
+    busy time, span and gaps agree, and nothing reads the stall as a cost of auto."""
+    up, auto = trace(tmp_path, "ft-upstream", 260_000), trace(tmp_path, "ft-auto", 2_170_000)
+    assert cli.main(["nsys", up, auto]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "graph 1 (10 kernels a launch; bs 2 under bench engine's workload):"
+    assert f"| {up} | 4 | 8.5 | 13.3 | after kernel 3, 0.260 | s1 0.50, s2 11.10 |" in lines
+    assert f"| {auto} | 4 | 8.5 | 13.3 | after kernel 3, 2.170 | s1 0.50, s2 11.10 |" in lines
+    assert f"- {auto} vs {up} (comparable under the profiler): busy +0.00%, span without the stall +0.00%, " \
+           "s1 gap 0.50 vs 0.50 µs" in lines
+    said = [ln for ln in lines if "the profiler's own launch time" in ln]
+    assert len(said) == 4 and all("not a cost of this build" in ln for ln in said)  # each trace, each graph
+    assert "ms per decode step" not in out and "COSTS" not in out and "+48" not in out
+    assert lines[-1].startswith("The decode step and the upload's cost come from an unprofiled run (bench engine")
+
+
+def test_a_short_stall_is_not_called_the_profilers(tmp_path):
+    """Unprofiled-like: the WAIT passed 20 µs after the kernels reached it; no profiler line."""
+    got = nsys.read(trace(tmp_path, "ft-auto", 20_000))
+    assert got.graphs[0].stall.median_us == pytest.approx(20.0) and nsys.profiler_lines(got) == []
+
+
+def test_a_graph_without_a_stall_has_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(nsys, "STALL_US", 10_000.0)  # nothing long enough: the gaps are all gaps
+    got = nsys.read(trace(tmp_path, "ft-auto", 2_170_000))
+    assert got.graphs[0].stall is None and got.graphs[0].gap_us["s1"] == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("text, why", [
-    ("Start (ns),Duration (ns)\n1,2\n", "has no column 'CorrId', 'Strm'"),
-    ("", "has no column"),
-    (HEADER + "\n1,1000,5,,,,,,,,,,,,,,0,1,,7,k\n", "0 graph launch(es) in the trace"),  # no node trace
+    ('"Start (ns)","Duration (ns)"\n"1","2"\n', "row 1: no column 'CorrId', 'Strm', 'Name'"),
+    ("", "no header row"),
+    ("Processing [x.sqlite] with [cuda_gpu_trace.py]...\n\n", "no header row"),
+    (",".join(COLUMNS) + "\n", "a header and no kernel row"),
+    (",".join(COLUMNS) + "\n1,1000,5,,,,,,,,,,,,,,0,1,,7,k\n", "no graph launch in the trace"),  # no node tracing
+    (",".join(COLUMNS) + "\n1,1000,5,,,,,,,,,,,,,,0,1,,7,k\n" + ",".join(COLUMNS) + "\n",
+     "row 3: a second header (two traces in one file?)"),
+    (",".join(COLUMNS) + "\nStart,1000,5,,,,,,,,,,,,,,0,1,,7,k\n", "row 2: 'Start' / '1000' is no start and duration"),
+    (",".join(COLUMNS) + "\n1,1000,5,7,k\n", "row 2: 5 fields for the header's 21"),
 ])
-def test_a_file_that_is_no_such_trace_is_refused_in_one_line(tmp_path, capsys, text, why):
+def test_a_file_that_is_no_such_trace_is_refused_in_one_line_naming_it(tmp_path, capsys, text, why):
     path = tmp_path / "x.csv"
     path.write_text(text)
-    assert cli.main(["--from-nsys", str(path)]) == 1
+    assert cli.main(["nsys", str(path)]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and why in err and "cuda_gpu_trace" in err, err
+    assert err.count("\n") == 1 and why in err and str(path) in err and "cuda_gpu_trace" in err, err
 
 
 def test_a_missing_file_is_named(tmp_path, capsys):
-    assert cli.main(["--from-nsys", str(tmp_path / "none.csv")]) == 1
-    assert "--from-nsys" in capsys.readouterr().err
+    assert cli.main(["nsys", str(tmp_path / "none.csv")]) == 1
+    assert str(tmp_path / "none.csv") in capsys.readouterr().err
 
 
-def test_json_is_refused_with_from_nsys(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        cli.main(["--from-nsys", trace(tmp_path), "--json", str(tmp_path / "o.json")])
-    assert capsys.readouterr().err.endswith("error: --json is written by the rig, --engine, --serve, --startup, "
-                                            "--deadlock, --from-json, not by --from-nsys\n")
+def test_options_nsys_does_not_read_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["nsys", trace(tmp_path, "ft-auto", 2_170_000), "--json", str(tmp_path / "o.json")])
+    assert exc.value.code == 2 and "unrecognized arguments: --json" in capsys.readouterr().err

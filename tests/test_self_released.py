@@ -171,7 +171,7 @@ def locked_fetch(memops: bool):
 
 
 def test_the_bench_counts_each_self_released_wait_freetoken_captures(counted):
-    """`bench --engine` reports the CPU-MoE and locked-fetch WAITs in its graphs by counting the calls
+    """`bench engine` reports the CPU-MoE and locked-fetch WAITs in its graphs by counting the calls
     of FreeToken's own methods that enqueue them: one per call while capturing, on an instance using
     stream memops; an eager call, or a host-function sync, is none. The original method still runs."""
     counts, capturing = counted

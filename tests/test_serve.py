@@ -1,6 +1,6 @@
-"""``bench --serve`` on CPU: the synthetic model's tokenizer through FreeToken's own loader, option
-errors, stopping a server's process group, and the verdicts drawn from serve results. The servers
-themselves run on the GPU (tests/test_serve_gpu.py)."""
+"""``bench serve`` on CPU: the synthetic model's tokenizer through FreeToken's own loader, option
+errors, stopping a server's process group, the shim's capture passes read as data, and the verdicts
+drawn from serve results. The servers themselves run on the GPU (tests/test_serve_gpu.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import time
 
 import pytest
 
-from freetoken_graphfix.bench import model, serve, workload
+from freetoken_graphfix import status_record
+from freetoken_graphfix.bench import model, record_files, records, workload
+from freetoken_graphfix.bench.serve import report as serve
+from freetoken_graphfix.bench.serve import run as serve_run
 
 
 @pytest.fixture(scope="module")
@@ -38,15 +41,18 @@ def test_text_prompts_round_trip_through_freetokens_tokenizer(model_dir):
     (["--ready-timeout", "-1"], "argument --ready-timeout: '-1': accepted values are seconds above 0"),
 ])
 def test_bad_options_are_named(capfd, args, message):
-    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--serve", *args],
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "serve", *args],
                          capture_output=True, text=True)
     assert out.returncode in (1, 2) and message in out.stderr.strip().splitlines()[-1]
 
 
 def test_bad_arm_is_refused_by_the_parser():
-    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "--serve", "--serve-arms", "fast"],
+    out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "serve", "--arms", "fast"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "invalid choice: 'fast'" in out.stderr
+    pre = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "serve", "--arms", "pre-697"],
+                         capture_output=True, text=True)  # an engine arm: it needs the engine child's seams
+    assert pre.returncode == 2 and "invalid choice: 'pre-697'" in pre.stderr
 
 
 SERVER = textwrap.dedent("""
@@ -73,19 +79,25 @@ def test_stop_ends_the_whole_group(tmp_path, kind, stopped_by):
                             start_new_session=True)
     assert proc.stdout.readline().strip() == "up"
     time.sleep(0.2)
-    assert len(serve.group_members(proc.pid)) == 2
-    result = serve.stop(proc, grace_s=5.0 if kind == "polite" else 1.0)
-    assert result["stopped_by"].startswith(stopped_by) and result["outlived"] == result["stragglers"] == []
-    assert serve.group_members(proc.pid) == []
+    assert len(serve_run.group_members(proc.pid)) == 2
+    result = records.ServeRun("x")
+    serve_run.stop(proc, result, grace_s=5.0 if kind == "polite" else 1.0)
+    assert result.stopped_by.startswith(stopped_by) and result.outlived == result.stragglers == []
+    assert serve_run.group_members(proc.pid) == []
 
 
-def test_capture_passes_are_read_from_the_server_log(tmp_path):
-    log = tmp_path / "serve.log"
-    log.write_text("[freetoken_graphfix pid=11] INFO patched (mode auto): freetoken 0.2.1\n"
-                   "[freetoken_graphfix pid=12] INFO capture pass 0: 2 graphs: 2 deferred (PLE wait-sync)\n"
-                   "noise\n[freetoken_graphfix pid=12] INFO capture pass 1: 2 graphs: 2 deferred (PLE wait-sync)\n")
-    assert serve.capture_passes(str(log)) == [(12, "capture pass 0: 2 graphs: 2 deferred (PLE wait-sync)"),
-                                              (12, "capture pass 1: 2 graphs: 2 deferred (PLE wait-sync)")]
+def test_the_shims_passes_are_read_as_the_processes_wrote_their_status(tmp_path):
+    """Each shimmed process of a server writes its status (``FT_GRAPHFIX_STATUS_DIR``): read back, every
+    capture pass of every process, by pid, as data."""
+    passes = [status_record.CapturePass(i, "GraphRunner._capture_graphs", [
+        status_record.GraphRecord(0, "bs=2", [], "deferred", "PLE wait-sync", 0.1),
+        status_record.GraphRecord(1, "bs=1", [], "deferred", "PLE wait-sync", 0.1)], done=True) for i in (0, 1)]
+    status_record.write(status_record.Status(True, "auto", True, "ok", passes=passes, pid=12), str(tmp_path))
+    status_record.write(status_record.Status(True, "auto", True, "ok", pid=11), str(tmp_path))  # the API server
+    (tmp_path / "noise.txt").write_text("not a status")
+    found = status_record.read_all(str(tmp_path))
+    assert [s.pid for s in found] == [11, 12] and found[1].actions() == ["deferred"] * 4
+    assert found[1].passes[1].summary() == "capture pass 1: 2 graphs: 2 deferred (PLE wait-sync)"
 
 
 def req(phase, round_, bs, name, text, hung=False):
@@ -93,7 +105,7 @@ def req(phase, round_, bs, name, text, hung=False):
             "chunks": len(text), "ttft_ms": 20.0, "itl_ms": [10.0, 12.0, 11.0]}
 
 
-def arm(name, single="abc", hung=False, passes=2, outlived=(), line="2 deferred (PLE wait-sync)"):
+def arm(name, single="abc", hung=False, passes=2, outlived=(), action="deferred", reason="PLE wait-sync"):
     requests = []
     for phase in ("before", "after"):
         for round_ in ("first", "steady"):
@@ -102,61 +114,62 @@ def arm(name, single="abc", hung=False, passes=2, outlived=(), line="2 deferred 
     if hung:
         requests = [req("before", "first", 1, "single", "", hung=True)]
     rec = {"arm": name, "requests": requests, "hung": int(hung), "ready_s": 30.0, "stopped_by": "SIGINT",
-           "outlived": list(outlived), "passes": [(12, f"capture pass {i}: 2 graphs: {line}") for i in range(passes)]}
+           "outlived": list(outlived),
+           "passes": [{"pid": 12, "index": i, "actions": [action] * 2, "reasons": [reason] * 2} for i in range(passes)]}
     if not hung:
         rec["rebuild"] = {"status": "ok"}
-    return rec
+    return record_files.build(records.ServeRun, rec, "run")
 
 
 def record(*arms, expects_wait=True):
-    runs = {a["arm"]: a for a in arms}
-    wait_case = serve.wait_case_of(runs, expects_wait)
-    return {"model": "synthetic", "label": "320 layers", "ft_args": [], "context": 512, "decode_steps": 8, "jobs": 1,
-            "runs": runs, "env": {"gpu": "GPU", "driver": "1", "torch": "2", "date": "today"}, "wait_case": wait_case,
-            "problems": {n: serve.problems(a, runs.get("upstream"), wait_case) for n, a in runs.items()}}
+    case = records.ServeCase("synthetic", "320 layers", [], 512, 8, 1, expects_wait, {a.arm: a for a in arms},
+                             records.Environment("GPU", "1", "2", "today"))
+    return case, serve.judge(case)
 
 
 def test_verdicts():
     good = record(arm("upstream"), arm("auto"), arm("skip", hung=True))
-    assert all(p == [] for p in good["problems"].values())
-    text = serve.render(good)
+    assert all(p == [] for p in good[1].problems.values())
+    text = serve.render(*good)
     assert "safety: every protected arm answered every request" in text and "pair same" in text
     assert "every negative control hung" in text
-    assert "every negative control" not in serve.render(record(arm("upstream"), arm("auto")))  # none ran
-    bad = record(arm("upstream"), arm("auto", single="xyz"), arm("warm", passes=1), arm("skip"),
-                 arm("deferred", outlived=[4242]))
-    assert bad["problems"]["auto"] == ["the single request's text differs from upstream's"]
-    assert "expected capture passes 0 and 1 from the scheduler process" in bad["problems"]["warm"][0]
-    assert bad["problems"]["skip"] == ["the negative control never hung at this size: it could not have failed"]
-    assert bad["problems"]["deferred"] == ["processes outlived the arm: [4242]"]
+    assert "every negative control" not in serve.render(*record(arm("upstream"), arm("auto")))  # none ran
+    case, bad = record(arm("upstream"), arm("auto", single="xyz"), arm("warm", passes=1), arm("skip"),
+                       arm("deferred", outlived=[4242]))
+    assert bad.problems["auto"] == ["the single request's text differs from upstream's"]
+    assert "expected capture passes 0 and 1 from the scheduler process" in bad.problems["warm"][0]
+    assert bad.problems["skip"] == ["the negative control never hung at this size: it could not have failed"]
+    assert bad.problems["deferred"] == ["processes outlived the arm: [4242]"]
     straggler = arm("auto")
-    straggler["stragglers"] = [77]
-    assert serve.problems(straggler, None)[0] == "processes outlived the arm: [77] (killed once the server had exited)"
-    hung = record(arm("upstream"), arm("auto", hung=True))
-    assert "0 of 12 requests answered" in hung["problems"]["auto"]
-    assert "FAILED" in serve.render(bad)
+    straggler.stragglers = [77]
+    assert serve.problems_of(straggler, None)[0] == ("processes outlived the arm: [77] (killed once the server had "
+                                                     "exited)")
+    _, hung = record(arm("upstream"), arm("auto", hung=True))
+    assert "0 of 12 requests answered" in hung.problems["auto"]
+    assert "FAILED" in serve.render(case, bad)
 
 
 def test_one_lost_request_or_a_refused_rebuild_fails_a_protected_arm():
     lost = arm("auto")
-    lost["requests"][-1].update(hung=True, chunks=0, text="")
-    assert serve.problems(lost, None) == ["11 of 12 requests answered"]
+    last = lost.requests[-1]
+    last.hung, last.chunks, last.text = True, 0, ""
+    assert serve.problems_of(lost, None) == ["11 of 12 requests answered"]
     refused = arm("auto")
-    refused["rebuild"] = {"status": "rejected", "error": "needs 9 GiB"}
-    assert serve.problems(refused, None) == ["rebuild: {'status': 'rejected', 'error': 'needs 9 GiB'}"]
+    refused.rebuild = {"status": "rejected", "error": "needs 9 GiB"}
+    assert serve.problems_of(refused, None) == ["rebuild: {'status': 'rejected', 'error': 'needs 9 GiB'}"]
 
 
 def test_pair_is_compared_with_itself():
     rec = arm("auto")
     assert serve.pair_stable(rec) is True
-    rec["requests"][-1]["text"] = "other"
+    rec.requests[-1].text = "other"
     assert serve.pair_stable(rec) is False
 
 
 def set_text(rec, phase, round_, name, text):
-    for r in rec["requests"]:
-        if (r["phase"], r["round"], r["name"]) == (phase, round_, name):
-            r["text"] = text
+    for r in rec.requests:
+        if (r.phase, r.round, r.name) == (phase, round_, name):
+            r.text = text
 
 
 def test_a_cached_prefix_may_change_the_steady_round_but_not_the_rebuild():
@@ -168,23 +181,23 @@ def test_a_cached_prefix_may_change_the_steady_round_but_not_the_rebuild():
         for phase in ("before", "after"):
             set_text(rec, phase, "steady", "single", "cached")
             set_text(rec, phase, "steady", "left", "cached pair")
-    assert serve.problems(auto, up) == [] and serve.pair_stable(auto) is True
+    assert serve.problems_of(auto, up) == [] and serve.pair_stable(auto) is True
     set_text(auto, "after", "steady", "single", "other")
-    assert serve.problems(auto, up) == [
+    assert serve.problems_of(auto, up) == [
         "the single request's text changed across the rebuild (same round, before and after)",
         "the single request's text differs from upstream's"]
     up2, auto2 = arm("upstream"), arm("auto")
     for phase in ("before", "after"):
         set_text(auto2, phase, "steady", "single", "other")
-    assert serve.problems(auto2, up2) == ["the single request's text differs from upstream's"]
+    assert serve.problems_of(auto2, up2) == ["the single request's text differs from upstream's"]
 
 
 def test_without_a_wait_skip_must_answer_like_every_arm():
     """On a model whose graphs hold no host-released WAIT (the shim's passes say no-op), skip is no
     negative control: it answers, and a hang would be a failure like any other arm's."""
-    no_op = "2 no-op (no host-released WAIT)"
-    rec = record(arm("upstream", passes=0), arm("auto", line=no_op), arm("skip", line=no_op), expects_wait=True)
-    assert not rec["wait_case"] and all(p == [] for p in rec["problems"].values())
-    assert "every arm must answer" in serve.render(rec) and "negative control" not in serve.render(rec)
-    hung = record(arm("upstream", passes=0), arm("auto", line=no_op), arm("skip", line=no_op, hung=True))
-    assert "0 of 12 requests answered" in hung["problems"]["skip"]
+    no_op = dict(action="no-op", reason="no host-released WAIT")
+    rec = record(arm("upstream", passes=0), arm("auto", **no_op), arm("skip", **no_op), expects_wait=True)
+    assert not rec[1].wait_case and all(p == [] for p in rec[1].problems.values())
+    assert "every arm must answer" in serve.render(*rec) and "negative control" not in serve.render(*rec)
+    _, hung = record(arm("upstream", passes=0), arm("auto", **no_op), arm("skip", hung=True, **no_op))
+    assert "0 of 12 requests answered" in hung.problems["skip"]

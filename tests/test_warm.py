@@ -1,4 +1,4 @@
-"""The warm strategy's logic on the fake device: threaded release, bounded time, every flag at 0."""
+"""The warm mode's logic on the fake device: threaded release, bounded time, every flag at 0."""
 
 from __future__ import annotations
 

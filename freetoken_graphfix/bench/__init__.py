@@ -1,9 +1,12 @@
-"""The measuring tools: ``python -m freetoken_graphfix bench``. The shim never imports anything here.
+"""The measuring tools: ``freetoken-graphfix bench <benchmark>``. The shim never imports anything here.
 
-One module per thing measured: ``rig`` (FreeToken's real graph runner and PLE table on a synthetic
-decode graph), ``replay`` (replay cost per strategy), ``cupti`` (inter-kernel gaps), ``deadlock``
-(first launches), ``startup`` (interpreter start-up), ``model`` (the synthetic qwen4_exp),
-``engine`` and ``engine_child/`` (FreeToken's real engine, one process per arm), ``serve`` (a real
-``ft serve`` and the OpenAI client); ``stats`` computes, ``report`` renders, ``common`` holds what they
-share, ``cli`` is the entry point.
+One subpackage per benchmark that has rooms of its own: ``rig/`` (a decode-like graph on FreeToken's
+real graph runner and PLE table: replay cost per mode, the first-launch matrix), ``engine/`` (FreeToken's
+real engine, a process per arm: running, judging, the report, the child it runs) and ``serve/`` (a real
+``ft serve`` per arm). Beside them what they share: ``records`` (what a run saves and ``bench report``
+reads back), ``reports`` (a record's report, one path for runs and saved records), ``arms`` (every fact
+about an arm), ``stats`` (maths) apart from ``verdicts`` (the words), ``timeline`` with ``cupti`` and
+``nsys`` (kernel timelines from either profiler), ``cases``/``target``/``model``/``workload`` (the models
+a real-engine bench runs and #775's workload), ``startup``, ``spin`` (the positive controls), and
+``cli``, the entry point.
 """

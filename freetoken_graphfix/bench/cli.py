@@ -1,35 +1,22 @@
-"""``bench``: what the capture-time upload and each strategy cost on this GPU, and whether any first
-launch blocks: a decode-like graph in a rig, FreeToken's real engine (``--engine``), a real ``ft serve``
-(``--serve``), interpreter start-up (``--startup``)."""
+"""bench: what the capture-time upload and each mode cost on this GPU, and whether any first launch
+blocks. One subcommand per benchmark, each with its own options: argparse refuses an option a
+benchmark does not read."""
 
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.util
 import json
-import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Callable
 
-from . import engine, model, nsys, serve
-from .common import (
-    ERR,
-    OK,
-    Case,
-    check_writable,
-    environment,
-    non_negative,
-    positive,
-    run_cases,
-    seconds,
-    write_outputs,
-)
-from .deadlock import deadlock_matrix, probe
-from .modes import misplaced, what_runs
-from .replay import STRATEGIES, gaps_child, run_arms
-from .report import markdown, plot, render
+from . import arms, model, record_files, records
+from .cases import Models
+from .options import models_options, non_negative, outputs_options, positive, seconds, watchdog_option, whole_at_least
+from .outputs import check_writable, logs_unusable, write_outputs
+from .reports import Report, report_of
 from .settings import (
     DeadlockSettings,
     EngineSettings,
@@ -39,98 +26,166 @@ from .settings import (
     ServeSettings,
     from_options,
 )
-from .startup import startup
-from .workload import DEFAULT_CONTEXT, DEFAULT_STEPS
+from .startup import MIN_RUNS
 
-FAMILIES = (model.SYNTHETIC, *model.FAMILIES)  # what --write-model writes
-
+OK, ERR, USAGE = 0, 1, 2
+MODELS_TAKE_FT_ARGS = ("engine", "serve")  # the benchmarks FreeToken's own options after -- go to
+INSTALL_HINT = {"freetoken": "freetoken (the release to measure)", "openai": "'freetoken-graphfix[serve]'",
+                "matplotlib": "'freetoken-graphfix[plot]'"}
 EPILOG = """\
-FreeToken's own ft serve options go after --, for --engine and --serve (for the synthetic model
-they follow its own and replace them), e.g.:
-  python -m freetoken_graphfix bench --engine --model ~/models/Qwen3-8B -- --attention-backend triton
-  python -m freetoken_graphfix bench --engine --layers 320 -- --moe-strategy offload
-  python -m freetoken_graphfix bench --engine --layers 320 --experts nvfp4 -- --moe-strategy hybrid   (#775's layout)
-  python -m freetoken_graphfix bench --write-model /tmp/llama --family llama   (config only: -- --dummy-weight)
+examples:
+  bench rig                                          does the upload cost this GPU? (a decode-like graph)
+  bench engine --model ~/models/Qwen3-8B -- --attention-backend triton
+  bench engine --layers 320 --experts nvfp4 -- --moe-strategy hybrid   (#775's layout)
+  bench report 775.json --markdown 775.md            a saved record, judged again
+  bench nsys ft-upstream.csv ft-auto.csv             Nsight Systems traces, per graph
 """
 
 
-def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.ArgumentParser:
-    # a short usage: argparse's own lists every option, twenty lines above a one-line error
-    ap = argparse.ArgumentParser(prog=prog, usage="%(prog)s [options] [-- FreeToken's ft serve options] (-h: all)",
-                                 description=__doc__.replace("``", "'"), epilog=EPILOG,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    rig = ap.add_argument_group("the rig (default): a decode-like graph behind a real PLE table's WAIT")
+def add_rig(sub: argparse._SubParsersAction, prog: str) -> None:
+    """``bench rig`` and ``bench deadlock`` (and the hidden per-case ``_probe``): the benchmarks on the rig's synthetic
+    graph."""
+    rig = sub.add_parser("rig", help="replay cost per mode on a decode-like graph behind a real PLE table's WAIT",
+                         parents=[outputs_options(), watchdog_option()], **own(prog, "rig"),
+                         description="Replay cost per shim mode: graph instances captured through the shim on "
+                                     "FreeToken's real GraphRunner and PLE table, replayed interleaved, with a "
+                                     "positive control. Needs a CUDA device.")
     rig.add_argument("--kernels", type=positive, default=1090, help="small kernels per graph (default 1090)")
     rig.add_argument("--streams", type=positive, default=4, help="streams, fork/join per layer (default 4)")
     rig.add_argument("--batch-sizes", type=positive, nargs="+", default=[1, 2], metavar="BS",
                      help="one graph each (default 1 2)")
     rig.add_argument("--instances", type=positive, default=12,
-                     help="graphs captured per strategy and bs: the unit ratios are measured over (default 12)")
+                     help="graphs captured per mode and bs: the unit ratios are measured over (default 12)")
     rig.add_argument("--reps", type=positive, default=300,
                      help="interleaved timed replays per graph instance (default 300)")
     rig.add_argument("--profile-reps", type=non_negative, default=20,
-                     help="replays per arm traced for CUPTI gaps (0: off; default 20)")
+                     help="replays per mode traced for CUPTI gaps (0: off; default 20)")
     rig.add_argument("--no-wait", action="store_true", help="no head WAIT (no PLE table in the graph)")
     rig.add_argument("--h2d", action="store_true", help="add a pinned-host H2D copy per layer (MoE-offload-like)")
-    rig.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES, metavar="MODE",
-                     help=f"of: {', '.join(STRATEGIES)} (default: all)")
-    rig.add_argument("--deadlock", action="store_true", help="first-launch probe matrix, a subprocess per case")
-    rig.add_argument("--matrix-kernels", type=positive, nargs="+", default=[1000, 8000, 32000, 64000], metavar="N",
-                     help="--deadlock graph sizes (default 1000 8000 32000 64000)")
-    out = ap.add_argument_group("output")
-    out.add_argument("--json", metavar="PATH", help="write every raw figure here")
-    out.add_argument("--markdown", metavar="PATH",
-                     help="write a report to paste upstream (GPU, driver, torch, FreeToken, the command, ms per step "
-                          "and the ratios with their bands)")
-    out.add_argument("--verbose", action="store_true",
-                     help="--engine's --markdown: the detail too (every process's host mode and memory, the kernel "
-                          "timeline per arm, the diagnostics from idle; --json always has them)")
-    out.add_argument("--plot", metavar="PATH",
-                     help="the rig and --engine: a PNG of the inter-kernel gap distributions per stream (--engine: "
-                          "and each process's decode steps over the run); needs matplotlib")
-    out.add_argument("--from-json", metavar="PATH",
-                     help="judge a record a bench --json wrote again, by this version's rules, and print it (with "
-                          "--markdown, --plot, --json), instead of running anything")
-    out.add_argument("--from-nsys", metavar="CSV", nargs="+",
-                     help="#775's table (ms a decode step, median gap per stream) from Nsight Systems' "
-                          "`nsys stats --report cuda_gpu_trace --format csv` of runs profiled with "
-                          "--cuda-graph-trace=node, one row per file, instead of running anything")
-    out.add_argument("--logs", metavar="DIR", help="--engine/--serve: keep each process's log here (default: a "
-                                                    "new temporary directory)")
-    models = ap.add_argument_group(
-        "--engine and --serve: the model and #775's workload (copy a text verbatim, greedy)")
-    models.add_argument("--model", metavar="DIR", help="a model directory FreeToken loads (default: the synthetic "
-                                                      "qwen4_exp, written per --layers)")
-    models.add_argument("--layers", type=positive, nargs="+", metavar="N",
-                        help="synthetic qwen4_exp sizes (default 48); with --write-model, the layer count")
-    models.add_argument("--context", type=positive, default=DEFAULT_CONTEXT,
-                        help=f"prompt tokens per request, by the model's own tokenizer (default {DEFAULT_CONTEXT}; "
-                             "#775's is 65536)")
-    models.add_argument("--decode-steps", "--tokens", dest="decode_steps", type=positive, default=DEFAULT_STEPS,
-                        help=f"greedy tokens per request (default {DEFAULT_STEPS}, #775's window)")
-    models.add_argument("--prompt-file", metavar="PATH",
-                        help="the UTF-8 text to copy (default: the Apache License 2.0 shipped with this package)")
-    models.add_argument("--jobs", type=positive, default=1,
-                        help="--serve arms after the first, or --deadlock cases, run at once (default 1)")
-    models.add_argument("--experts", choices=model.EXPERTS, default="bf16",
-                        help="the synthetic qwen4_exp's routed experts: bf16 (an FTW checkpoint, default) or nvfp4 "
-                             "(#775's layout: a ModelOpt NVFP4 safetensors checkpoint)")
-    models.add_argument("--write-model", metavar="DIR",
-                        help="write a model to run (--family) into DIR, a new or empty directory, and exit")
-    models.add_argument("--family", choices=FAMILIES, default="qwen4_exp",
-                        help=f"--write-model's model, of: {', '.join(FAMILIES)} (qwen4_exp: the synthetic FTW "
-                             "checkpoint with a disk PLE table; the others config-only for -- --dummy-weight)")
-    engine.add_arguments(ap.add_argument_group("--engine: every mode in FreeToken's real offline engine"))
-    serve.add_arguments(ap.add_argument_group("--serve: every mode in a real ft serve, OpenAI client, through a "
-                                              "cache rebuild"))
-    ap.add_argument("--watchdog", type=seconds, default=4.0,
-                    help="rig and --engine: seconds before a blocked first launch is released (default 4)")
-    ap.add_argument("--startup", action="store_true", help="interpreter start-up with and without the .pth")
-    ap.add_argument("--startup-runs", type=positive, default=200, help="interpreter starts per arm (default 200)")
-    ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--gaps-child", metavar="PATH", help=argparse.SUPPRESS)
-    ap.add_argument("--strategy", default="auto", choices=STRATEGIES, help=argparse.SUPPRESS)
+    rig.add_argument("--modes", nargs="+", default=list(arms.SHIM_MODES), choices=arms.SHIM_MODES, metavar="MODE",
+                     help=f"of: {', '.join(arms.SHIM_MODES)} (default: all)")
+    rig.add_argument("--gaps-into", metavar="PATH", help=argparse.SUPPRESS)  # the CUPTI child (cupti.gaps_from_child)
+    deadlock = sub.add_parser("deadlock", help="does a first launch block, per graph size, streams and mode",
+                              parents=[outputs_options(markdown=False, plot=False), watchdog_option()],
+                              **own(prog, "deadlock"),
+                              description="The first-launch matrix: one graph per (kernels, streams, mode) case, "
+                                          "each captured and first launched in a process of its own. Exits 1 when a "
+                                          "protected mode blocked. Needs a CUDA device.")
+    deadlock.add_argument("--sizes", type=positive, nargs="+", default=[1000, 8000, 32000, 64000], metavar="N",
+                          help="graph sizes in kernels (default 1000 8000 32000 64000)")
+    deadlock.add_argument("--modes", nargs="+", default=list(arms.SHIM_MODES), choices=arms.SHIM_MODES,
+                          metavar="MODE", help=f"of: {', '.join(arms.SHIM_MODES)} (default: all)")
+    deadlock.add_argument("--jobs", type=positive, default=1, help="cases run at once (default 1)")
+
+
+def add_engine(sub: argparse._SubParsersAction, prog: str) -> None:
+    """``bench engine`` and ``bench serve``: the benchmarks on FreeToken's real engine, each with only the options it
+    reads."""
+    names = ", ".join(arms.ARMS)
+    engine = sub.add_parser("engine", help="every arm in FreeToken's real offline engine, #775's workload",
+                            parents=[models_options(), outputs_options(verbose=True), watchdog_option()],
+                            **own(prog, "engine", ft_args=True),
+                            description="Every arm in FreeToken's real offline engine, a process per arm and round: "
+                                        "safety (never blocked, the reference's tokens), the upload inside each "
+                                        "process's decode loop with a positive control, the arms across processes. "
+                                        "FreeToken's own ft serve options go after --. Needs a CUDA device.")
+    engine.add_argument("--arms", nargs="+", choices=arms.ARMS, metavar="ARM",
+                        help=f"arms, of: {names} (default: {' '.join(arms.ENGINE_DEFAULT)}, and deferred where the "
+                             "graphs hold the WAIT; patched runs the patch series)")
+    engine.add_argument("--rounds", type=positive, default=4,
+                        help="runs of every arm, each in its own process, in rotated order: the samples of every "
+                             "cross-process ratio (default 4)")
+    engine.add_argument("--copies", type=non_negative, default=4,
+                        help="fresh executables of each engine graph per process, as many uploaded and never "
+                             "uploaded, launched in turn with the engine's own in its decode loop: the upload "
+                             "measured inside one process (0: off; default 4)")
+    engine.add_argument("--replays", type=positive, default=50,
+                        help="timed replays of each executable from an idle GPU, after the workload: a diagnostic "
+                             "(default 50)")
+    engine.add_argument("--trace-steps", type=non_negative, default=24,
+                        help="decode steps per request of each traced run (0: no kernel timeline; default 24)")
+    engine.add_argument("--trace-runs", type=positive, default=2, help="traced processes per arm, at most --rounds "
+                                                                       "(default 2)")
+    engine.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help="no unrecorded warm-up run (kernel compilation then lands on the first arm)")
+    engine.add_argument("--hang-timeout", type=seconds, default=300.0,
+                        help="seconds before an engine process is killed (default 300)")
+    serve = sub.add_parser("serve", help="every arm in a real ft serve, OpenAI client, through a cache rebuild",
+                           parents=[models_options(), outputs_options(markdown=False, plot=False)],
+                           **own(prog, "serve", ft_args=True),
+                           description="Every arm in a real ft serve driven by the OpenAI client, through a cache "
+                                       "rebuild: hangs, tokens, the shim's capture passes, a clean stop. Exits 1 when "
+                                       "a protected arm hangs or changes the text. Needs a CUDA device and "
+                                       "pip install 'freetoken-graphfix[serve]'.")
+    serve.add_argument("--arms", nargs="+", choices=arms.SERVE_ARMS, metavar="ARM",
+                       help=f"arms, of: {', '.join(arms.SERVE_ARMS)} (default: {' '.join(arms.SERVE_DEFAULT)})")
+    serve.add_argument("--jobs", type=positive, default=1, help="arms after the first run at once (default 1)")
+    serve.add_argument("--ready-timeout", type=seconds, default=300.0,
+                       help="seconds for a server to be ready (default 300)")
+    serve.add_argument("--request-timeout", type=seconds, default=45.0,
+                       help="seconds before a request counts as hung (default 45)")
+
+
+def add_tools(sub: argparse._SubParsersAction, prog: str) -> None:
+    """``startup``, ``report``, ``nsys`` and ``write-model``: the subcommands that need no GPU."""
+    startup = sub.add_parser("startup", help="interpreter start-up with and without the .pth (no GPU)",
+                             parents=[outputs_options(markdown=False, plot=False)], **own(prog, "startup"),
+                             description="python -c pass in a bare venv and in one holding this package's .pth, "
+                                         "FT_GRAPH_UPLOAD unset, armed and off, paired run by run.")
+    startup.add_argument("--runs", type=whole_at_least(MIN_RUNS), default=200,
+                         help=f"interpreter starts per arm, {MIN_RUNS} or more (default 200)")
+    report = sub.add_parser("report", help="judge a saved record again by this version's rules and show it",
+                            parents=[outputs_options(verbose=True)], **own(prog, "report"),
+                            description="Read a record a bench --json wrote (any kind, any schema), judge it by "
+                                        "this version's rules and show it as its run would; --json writes it again "
+                                        "in the current schema. Exits 1 when the record fails its checks.")
+    report.add_argument("record", metavar="RECORD", help="the record (a --json file)")
+    nsys = sub.add_parser("nsys", help="#775's figures from Nsight Systems traces, per graph", **own(prog, "nsys"),
+                          description="Per trace and per graph (known by its kernels per launch): graph launches, "
+                                      "kernel busy time, the stall at the PLE WAIT on its own, the median gap per "
+                                      "stream with the stall left out. Reads nsys stats --report cuda_gpu_trace "
+                                      "--format csv, its --output file or its stdout.")
+    nsys.add_argument("traces", nargs="+", metavar="CSV", help="one per build, e.g. ft-upstream_cuda_gpu_trace.csv")
+    write = sub.add_parser("write-model", help="write a model to run (then: bench engine --model DIR)",
+                           **own(prog, "write-model"),
+                           description="Write the synthetic qwen4_exp (a disk PLE table whose WAIT every decode graph "
+                                       "holds) or a config-only model of another family (for -- --dummy-weight) into "
+                                       "DIR, a new or empty directory.")
+    write.add_argument("folder", metavar="DIR", help="a new or empty directory")
+    write.add_argument("--family", choices=(model.SYNTHETIC, *model.FAMILIES), default=model.SYNTHETIC,
+                       help=f"of: {', '.join((model.SYNTHETIC, *model.FAMILIES))} (default {model.SYNTHETIC})")
+    write.add_argument("--layers", type=positive, help="layers (default 48 for the synthetic qwen4_exp)")
+    write.add_argument("--experts", choices=model.EXPERTS, default="bf16", help="the synthetic model's experts")
+    # one first-launch case, in its own process (rig.deadlock.run_case): no help, so not listed
+    probe = sub.add_parser("_probe", parents=[watchdog_option()], prog=f"{prog} _probe")
+    probe.add_argument("--kernels", type=positive, required=True)
+    probe.add_argument("--streams", type=positive, required=True)
+    probe.add_argument("--mode", choices=arms.SHIM_MODES, required=True)
+
+
+VISIBLE = ("rig", "deadlock", "engine", "serve", "startup", "report", "nsys", "write-model")
+
+
+def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.ArgumentParser:
+    """The whole ``bench`` command line: one subparser per benchmark, so argparse refuses what a benchmark does not
+    read."""
+    ap = argparse.ArgumentParser(prog=prog, usage="%(prog)s <benchmark> [options] (-h: all)",
+                                 description=__doc__.split("\n\n")[0], epilog=EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="bench", required=True, title="benchmarks", metavar="{" + ",".join(VISIBLE) + "}")
+    add_rig(sub, prog)
+    add_engine(sub, prog)
+    add_tools(sub, prog)
+    for sub_parser in sub.choices.values():  # each benchmark's refusals are said with its own usage
+        sub_parser.set_defaults(bench_parser=sub_parser)
     return ap
+
+
+def own(prog: str, name: str, ft_args: bool = False) -> dict[str, str]:
+    """A benchmark's parser's name and its short usage (argparse's own lists every option, twenty lines
+    above a one-line error)."""
+    tail = " [-- FreeToken's ft serve options]" if ft_args else ""
+    return {"prog": f"{prog} {name}", "usage": f"%(prog)s [options]{tail} (-h: all)"}
 
 
 def split_freetoken_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -141,218 +196,176 @@ def split_freetoken_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def early_checks(opts: argparse.Namespace, ft_args: list[str]) -> str | None:
-    """``--engine``/``--serve`` input that can be refused before FreeToken (or torch) is imported: the
-    prompt file, the options the bench owns, the model directory, ``--layers``; why not, in one line."""
-    from .target import TargetError, check_synthetic, precheck
-    from .workload import read_text
+def checked(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The options, refused in one line (exit 2) before anything runs where they cannot work: FreeToken
+    options for a benchmark that runs no FreeToken server options, an output that could not be written,
+    ``--plot`` without matplotlib, ``--logs`` that cannot hold the logs."""
+    ours, ft_args = split_freetoken_args(argv)
+    named = next((a for a in ours if not a.startswith("-")), None)
+    if named is not None and named not in RUN:
+        ap.error(f"{named!r} is not a benchmark; accepted values: {', '.join(VISIBLE)}")
+    opts, extra = ap.parse_known_args(ours)
+    sub = opts.bench_parser
+    if extra:  # said by the benchmark's own parser, with its own usage
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    if ft_args and opts.bench not in MODELS_TAKE_FT_ARGS:
+        sub.error(f"FreeToken options after -- are for {' and '.join(MODELS_TAKE_FT_ARGS)}, not {opts.bench}: "
+                  f"{shlex.join(ft_args)}")
+    for option in ("json", "markdown", "plot"):
+        why = check_writable(getattr(opts, option, None), f"--{option}")
+        if why:
+            sub.error(why)
+    if getattr(opts, "plot", None) and importlib.util.find_spec("matplotlib") is None:
+        sub.error(f"--plot needs matplotlib, which is not installed here (pip install {INSTALL_HINT['matplotlib']})")
+    why = logs_unusable(getattr(opts, "logs", None))
+    if why:
+        sub.error(why)
+    return opts, ft_args
 
-    if opts.model is not None and opts.layers:
-        return "--layers sizes the synthetic model; with --model it has no meaning"
-    if opts.model is not None and opts.experts != "bf16":
-        return "--experts lays out the synthetic model's experts; with --model it has no meaning"
+
+def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfix bench") -> int:
+    """Entry point of ``bench``: parse, run the chosen benchmark, and turn a missing module into one line."""
+    argv = sys.argv[1:] if argv is None else argv
+    opts, ft_args = checked(parser(prog), argv)
+    opts.command = shlex.join(["freetoken-graphfix", "bench", *argv])
+    say = f"{prog} {opts.bench}"
     try:
-        read_text(opts.prompt_file)
-        if opts.model is not None:
-            precheck(opts.model, ft_args)
-        else:
-            from .model import check_layers
+        return RUN[opts.bench](opts, ft_args, say)
+    except ModuleNotFoundError as exc:  # bench's own needs (FreeToken, its tokenizer...): one line, not a traceback
+        name = (exc.name or "?").split(".")[0]
+        return error(say, f"needs the Python module {name!r}, which is not installed here "
+                          f"(pip install {INSTALL_HINT.get(name, name)})")
 
-            check_synthetic(ft_args)
-            for layers in opts.layers or []:
-                check_layers(layers)
-    except TargetError as exc:
-        return str(exc)
-    except ValueError as exc:
-        return f"--layers: {exc}" if opts.model is None and "layers=" in str(exc) else str(exc)
-    return None
+
+def error(say: str, why: str) -> int:
+    """One ``bench SUBCOMMAND: error: ...`` line on stderr, and exit 1: the one shape every refusal takes."""
+    print(f"{say}: error: {why}", file=sys.stderr)
+    return ERR
+
+
+def finish(opts: argparse.Namespace, record: records.Record, report: Report | None = None) -> int:
+    """A finished run's (or a read record's) report printed, its files written; exit 1 where it failed."""
+    report = report or report_of(record)
+    print(report.text)
+    outputs = Outputs(opts.json, getattr(opts, "markdown", None), getattr(opts, "plot", None),
+                      getattr(opts, "verbose", False))
+    written = write_outputs(outputs, record, report)
+    return ERR if not written or report.failed else OK
 
 
 def cuda_missing() -> str | None:
     """Why nothing can be measured here, or ``None``: checked before FreeToken is imported."""
     import torch
 
-    if torch.cuda.is_available():
-        return None
-    return "no CUDA device; nothing to measure (use --startup for the start-up benchmark)"
+    return None if torch.cuda.is_available() else "no CUDA device; nothing to measure (bench startup needs none)"
 
 
-def prepare_models(opts: argparse.Namespace, ft_args: list[str]) -> tuple[list[Case], str | None]:
-    """The cases to run: ``--model`` resolved through FreeToken's own parser, else the synthetic model at
-    each ``--layers`` (48 by default) with the options after ``--``; and the workload checked against
-    them. No cases and why not, in one line, where they cannot run."""
-    from .target import TargetError, from_model, parse_freetoken_args, synthetic, synthetic_args
-    from .workload import build, check, read_text, tokenizer_of
+def do_rig(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
+    """``bench rig``, or its hidden CUPTI child (``--gaps-into``), which the rig starts in a fresh process."""
+    from .rig.measure import gaps_child, run_arms
 
-    try:
-        text = read_text(opts.prompt_file)
-        if opts.model is None:  # FreeToken's own parser over the synthetic model's options and the user's
-            with tempfile.TemporaryDirectory() as folder:
-                model.write_synthetic_config(folder, model.MIN_LAYERS, opts.experts)
-                parse_freetoken_args(folder, [*synthetic_args(0, 0), *ft_args])
-                model.write_tokenizer(folder)
-                build(tokenizer_of(folder), opts.context, text)  # the prompts fit (built again per case)
-        else:
-            build(tokenizer_of(opts.model), opts.context, text)
-        target = from_model(opts.model, ft_args) if opts.model is not None else None
-        check(opts.context, opts.decode_steps, target.max_positions if target else None)
-    except (TargetError, ValueError) as exc:
-        return [], str(exc)
-    if target is not None and not target.synthetic:
-        return [Case(target, None)], None
-    return [Case(synthetic(opts.context, opts.decode_steps, ft_args, opts.experts), layers)
-            for layers in opts.layers or [48]], None
-
-
-def logs_unusable(logs: str | None) -> str | None:
-    """``--logs DIR`` that cannot hold the logs: refused before a run, not a traceback after its start."""
-    if logs is None:
-        return None
-    if not logs:
-        return "--logs '': an empty path; accepted values are a directory (made if missing)"
-    if os.path.exists(logs) and not os.path.isdir(logs):
-        return f"--logs {logs!r} is not a directory; accepted values are a directory (made if missing)"
-    parent = os.path.dirname(os.path.abspath(logs))
-    if not os.path.isdir(logs) and not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
-        return f"--logs {logs!r}: cannot be made here; accepted values are a directory (made if missing)"
-    if os.path.isdir(logs) and not os.access(logs, os.W_OK):
-        return f"--logs {logs!r}: not writable; accepted values are a directory (made if missing)"
-    return None
-
-
-def plot_missing(opts: argparse.Namespace) -> str | None:
-    """``--plot`` where matplotlib is not installed: refused before a run of minutes, not after it."""
-    if opts.plot is None or importlib.util.find_spec("matplotlib") is not None:
-        return None
-    return f"--plot needs matplotlib, which is not installed here (pip install {INSTALL_HINT['matplotlib']})"
-
-
-def from_json(opts: argparse.Namespace, prog: str) -> int:
-    """``--from-json``: a saved record judged again by this version's rules and shown as a run shows it."""
-    from . import rejudge
-
-    try:
-        saved = rejudge.load(opts.from_json)
-    except ValueError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return ERR
-    for option, writer in (("--markdown", saved.markdown), ("--plot", saved.plot)):
-        if getattr(opts, option[2:]) is not None and writer is None:
-            print(f"{prog}: error: {option}: a {saved.kind} record has none; it is for the rig and --engine",
-                  file=sys.stderr)
-            return ERR
-    print(saved.render())
-    markdown = saved.markdown
-    if opts.verbose:
-        if saved.kind != "engine":
-            print(f"{prog}: error: --verbose: a {saved.kind} record has no detail beyond its --markdown; it is for "
-                  "--engine records", file=sys.stderr)
-            return ERR
-        markdown = functools.partial(saved.markdown, verbose=True)
-    written = write_outputs(from_options(Outputs, opts), saved.record, markdown, saved.plot)
-    return ERR if not written or saved.failed() else OK
-
-
-def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfix bench") -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    own, ft_args = split_freetoken_args(argv)
-    ap = parser(prog)
-    opts = ap.parse_args(own)
-    opts.command = shlex.join(["python", "-m", "freetoken_graphfix", "bench", *argv])
-    try:  # before a run of minutes, not after it
-        for option in ("json", "markdown", "plot"):
-            check_writable(getattr(opts, option), f"--{option}")
-    except ValueError as exc:
-        ap.error(str(exc))
-    why = misplaced(opts, ap) or plot_missing(opts) or logs_unusable(opts.logs)
-    if why:
-        ap.error(why)
-    if ft_args and not (opts.engine or opts.serve or opts.startup):  # --startup has always let them pass
-        ap.error("FreeToken options after -- are for --engine and --serve")
-    if opts.from_json is not None:
-        return from_json(opts, prog)
-    if opts.from_nsys is not None:
-        try:
-            print(nsys.table(opts.from_nsys))
-        except ValueError as exc:
-            print(f"{prog}: error: {exc}", file=sys.stderr)
-            return ERR
-        return OK
-    if opts.startup:
-        record, text = startup(opts.startup_runs)
-        print(text)
-        return OK if write_outputs(from_options(Outputs, opts), record) else ERR
-    try:
-        return run(opts, ft_args, prog, ap)
-    except ModuleNotFoundError as exc:  # bench's own needs (FreeToken, its tokenizer...): one line, not a traceback
-        name = (exc.name or "?").split(".")[0]
-        print(f"{prog}: error: {what_runs(opts)} needs the Python module {name!r}, which is not installed here "
-              f"(pip install {INSTALL_HINT.get(name, name)})", file=sys.stderr)
-        return ERR
-
-
-INSTALL_HINT = {"freetoken": "freetoken (the release to measure)", "openai": "'freetoken-graphfix[serve]'",
-                "matplotlib": "'freetoken-graphfix[plot]'"}
-
-
-def run(opts: argparse.Namespace, ft_args: list[str], prog: str, ap: argparse.ArgumentParser) -> int:
-    """The benchmark the options select, once they passed every check that needs no GPU; each reads
-    its own settings (``settings``), built here."""
-    if opts.write_model is not None:
-        if opts.layers and len(opts.layers) > 1:
-            ap.error(f"--layers {' '.join(map(str, opts.layers))}: --write-model writes one model; accepted values "
-                     "are one size")
-        try:
-            print(model.write_model(opts.write_model, opts.family, opts.layers[0] if opts.layers else None,
-                                    opts.experts))
-        except ValueError as exc:
-            ap.error(str(exc))
-        return OK
-    if opts.engine or opts.serve:
-        return run_models(opts, ft_args, prog)
     why = cuda_missing()
     if why:
-        print(f"{prog}: error: {why}", file=sys.stderr)
-        return ERR
-    outputs = from_options(Outputs, opts)
-    if opts.probe:
-        print(json.dumps(probe(from_options(ProbeSettings, opts))))
-        return OK
-    if opts.gaps_child:
-        return gaps_child(from_options(RigSettings, opts), opts.gaps_child)
-    if opts.deadlock:
-        rows, text = deadlock_matrix(from_options(DeadlockSettings, opts))
-        print(text)
-        protected = [r for r in rows if r["strategy"] != "skip"]
-        failed = any(r.get("error") or r.get("blocked") for r in protected)
-        return ERR if not write_outputs(outputs, {"env": environment(), "probes": rows}) or failed else OK
-    record = run_arms(from_options(RigSettings, opts))
-    record["command"] = opts.command
-    print(render(record))
-    return OK if write_outputs(outputs, record, markdown, plot) else ERR
+        return error(say, why)
+    if opts.gaps_into:
+        return gaps_child(from_options(RigSettings, opts), opts.gaps_into)
+    return finish(opts, run_arms(from_options(RigSettings, opts), opts.command))
 
 
-def run_models(opts: argparse.Namespace, ft_args: list[str], prog: str) -> int:
-    """``--engine`` or ``--serve`` over the cases the models give, after the checks that need FreeToken."""
-    why = early_checks(opts, ft_args) or cuda_missing()
-    cases: list[Case] = []
+def do_deadlock(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
+    """``bench deadlock``: the first-launch matrix, refused where there is no CUDA device."""
+    from .rig.deadlock import deadlock_matrix
+
+    why = cuda_missing()
+    return error(say, why) if why else finish(opts, deadlock_matrix(from_options(DeadlockSettings, opts)))
+
+
+def do_models(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
+    """``bench engine`` or ``bench serve`` over the cases the models give, after the checks that need FreeToken."""
+    from . import cases
+    from .serve.run import openai_missing
+
+    asked = Models(opts.model, tuple(opts.layers) if opts.layers else None, opts.experts, opts.context,
+                   opts.decode_steps, opts.prompt_file)
+    why = cases.early_checks(asked, ft_args) or cuda_missing()
+    found: list[cases.Case] = []
     if not why:
-        cases, why = prepare_models(opts, ft_args)
-    why = why or (serve.openai_missing() if opts.serve else None)
+        found, why = cases.prepare(asked, ft_args)
+    why = why or (openai_missing() if opts.bench == "serve" else None)
     if why:
-        print(f"{prog}: error: {why}", file=sys.stderr)
-        return ERR
-    outputs = from_options(Outputs, opts)
-    if opts.serve:
-        settings = from_options(ServeSettings, opts, arms=tuple(opts.serve_arms or serve.DEFAULT_ARMS))
-        return run_cases(cases, settings, opts.logs, outputs, "serve", serve.serve_record, serve.render,
-                         lambda r: any(r["problems"].values()))
-    from .engine_plot import plot as engine_plot
-    from .engine_report import markdown as engine_markdown
-    from .engine_report import render as engine_render
+        return error(say, why)
+    log_dir = opts.logs or tempfile.mkdtemp(prefix=f"graphfix-{opts.bench}-")
+    if opts.bench == "serve":
+        from .serve.run import serve_case
 
-    arms = opts.arms or engine.default_arms(any(c.target.expects_wait for c in cases))
-    settings = from_options(EngineSettings, opts, arms=tuple(arms))
-    return run_cases(cases, settings, opts.logs, outputs, "engine", engine.engine_record, engine_render,
-                     lambda r: bool(engine.failures(r)), functools.partial(engine_markdown, verbose=opts.verbose),
-                     engine_plot)
+        settings = from_options(ServeSettings, opts, arms=tuple(opts.arms or arms.SERVE_DEFAULT))
+        record: records.Record = records.ServeRecord([serve_case(c, settings, log_dir) for c in found])
+    else:
+        from .engine.run import engine_case
+
+        chosen = opts.arms or arms.default_engine_arms(any(c.target.expects_wait for c in found))
+        settings = from_options(EngineSettings, opts, arms=tuple(chosen))
+        record = records.EngineRecord([engine_case(c, settings, log_dir) for c in found])
+    code = finish(opts, record)
+    print(f"{opts.bench} logs: {log_dir}")
+    return code
+
+
+def do_startup(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
+    """``bench startup``: needs no GPU, so nothing to check before it runs."""
+    from .startup import startup
+
+    return finish(opts, startup(opts.runs))
+
+
+def do_report(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
+    """A saved record judged again: refused first where an option asks for what its kind lacks."""
+    try:
+        record = record_files.read(opts.record)
+    except record_files.RecordError as exc:
+        return error(say, str(exc))
+    report = report_of(record)
+    if opts.verbose and not report.has_detail:
+        return error(say, f"--verbose: a {report.kind} record has no detail beyond its report; it is for engine "
+                          "records")
+    for option in ("markdown", "plot"):
+        if getattr(opts, option) is not None and getattr(report, option) is None:
+            return error(say, f"--{option}: a {report.kind} record has none; it is for the rig and engine records")
+    return finish(opts, record, report)
+
+
+def do_nsys(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
+    """``bench nsys``: a trace that is not one is a one-line error naming the file and the row."""
+    from . import nsys
+
+    try:
+        print(nsys.report([nsys.read(path) for path in opts.traces]))
+    except nsys.TraceError as exc:
+        return error(say, str(exc))
+    return OK
+
+
+def do_write_model(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
+    """``bench write-model``: a folder it will not write into is a usage error (exit 2), said in one line."""
+    try:
+        print(model.write_model(opts.folder, opts.family, opts.layers, opts.experts))
+    except ValueError as exc:
+        print(f"{say}: error: {exc}", file=sys.stderr)
+        return USAGE
+    return OK
+
+
+def do_probe(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
+    """One first-launch case of ``bench deadlock``, in the fresh process the matrix starts: its result as one JSON
+    line."""
+    import dataclasses
+
+    from .rig.deadlock import probe
+
+    print(json.dumps(dataclasses.asdict(probe(from_options(ProbeSettings, opts)))))
+    return OK
+
+
+RUN: dict[str, Callable[[argparse.Namespace, list[str], str], int]] = {
+    "rig": do_rig, "deadlock": do_deadlock, "engine": do_models, "serve": do_models, "startup": do_startup,
+    "report": do_report, "nsys": do_nsys, "write-model": do_write_model, "_probe": do_probe}

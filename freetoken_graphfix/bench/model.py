@@ -166,7 +166,7 @@ def write_config_model(folder: str, family: str, layers: int | None = None) -> N
 
 
 def write_model(folder: str, family: str, layers: int | None, experts: str = "bf16") -> str:
-    """``bench --write-model``: the synthetic qwen4_exp (``layers``, default 48; routed experts in
+    """``bench write-model``: the synthetic qwen4_exp (``layers``, default 48; routed experts in
     ``experts``'s layout) or a config-only ``family`` model into ``folder``, a new or empty directory;
     all or nothing (written beside it, then renamed). Returns the line that says how to run it."""
     check_experts(experts)
@@ -178,18 +178,18 @@ def write_model(folder: str, family: str, layers: int | None, experts: str = "bf
     elif layers is not None and layers < 1:
         raise ValueError(f"--layers {layers}: accepted values are 1 or more")
     if not folder:
-        raise ValueError("--write-model '': accepted values are a new or empty directory")
+        raise ValueError("write-model '': accepted values are a new or empty directory")
     folder = os.path.abspath(folder)
     if os.path.exists(folder) and not (os.path.isdir(folder) and not os.listdir(folder)):
-        raise ValueError(f"--write-model {folder!r} already exists and is not an empty directory; accepted values "
+        raise ValueError(f"write-model {folder!r} already exists and is not an empty directory; accepted values "
                          "are a new or empty directory")
     parent = os.path.dirname(folder)
     if not os.path.isdir(parent):
-        raise ValueError(f"--write-model {folder!r}: its parent directory does not exist")
+        raise ValueError(f"write-model {folder!r}: its parent directory does not exist")
     try:
         staging = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
     except OSError as exc:
-        raise ValueError(f"--write-model {folder!r}: cannot write in {parent!r} ({exc.strerror}); accepted values "
+        raise ValueError(f"write-model {folder!r}: cannot write in {parent!r} ({exc.strerror}); accepted values "
                          "are a new or empty directory in a writable one") from None
     try:
         with quiet_freetoken():
@@ -205,14 +205,14 @@ def write_model(folder: str, family: str, layers: int | None, experts: str = "bf
         os.rename(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return (f"wrote a {family} model to {folder}; run it with: python -m freetoken_graphfix bench --engine "
+    return (f"wrote a {family} model to {folder}; run it with: freetoken-graphfix bench engine "
             f"--model {folder} -- {ENGINE_FLAGS[family]}")
 
 
 @contextlib.contextmanager
 def quiet_freetoken() -> Iterator[None]:
     """FreeToken's own INFO/WARNING lines (its stdout handler) and warnings while its code builds a
-    model: the one line ``--write-model`` prints is the report. Errors still show."""
+    model: the one line ``write-model`` prints is the report. Errors still show."""
     before = logging.root.manager.disable
     logging.disable(logging.WARNING)
     try:
@@ -224,6 +224,7 @@ def quiet_freetoken() -> Iterator[None]:
 
 
 def check_layers(layers: int) -> None:
+    """Refuse a layer count the synthetic model cannot be built with, before anything is written."""
     if layers < MIN_LAYERS:
         raise ValueError(f"layers={layers}: need at least {MIN_LAYERS} (a QSA layer is every 4th, the PLE layer is 1)")
 
@@ -233,6 +234,7 @@ E2M1_RMS = math.sqrt(68.5 / 8)  # RMS of the 8 FP4 (e2m1) magnitudes 0, .5, 1, 1
 
 
 def check_experts(experts: str) -> None:
+    """Refuse an expert layout the synthetic model has no writer for, naming the accepted ones."""
     if experts not in EXPERTS:
         raise ValueError(f"--experts {experts}: accepted values are {', '.join(EXPERTS)}")
 
@@ -291,7 +293,7 @@ def write_ftw_checkpoint(folder: str, dense: dict[str, Any], mc: Any, g: Any) ->
     writer.add_tensor("gate_up", (torch.randn(n, 2 * i, h, generator=g) / math.sqrt(h)).bfloat16(),
                       kind="experts_bank")
     writer.add_tensor("down", (torch.randn(n, h, i, generator=g) / math.sqrt(i)).bfloat16(), kind="experts_bank")
-    writer.finalize({"source_model_path": "synthetic (freetoken_graphfix bench --engine)", "fingerprint": None,
+    writer.finalize({"source_model_path": "synthetic (freetoken-graphfix bench engine)", "fingerprint": None,
                      "quant_format": "bf16", "layer_quant_formats": None,
                      "expert_bank_num_layers": mc.num_moe_layers, "side_files": [PLE_FILE]})
 

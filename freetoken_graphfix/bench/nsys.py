@@ -1,69 +1,240 @@
-"""``bench --from-nsys``: #775's table from Nsight Systems' own kernel trace, for a GPU where the
-reporter profiles with ``nsys`` rather than this bench's CUPTI child.
+"""``bench nsys``: what Nsight Systems' kernel trace can say about each build's decode graphs, and what
+it cannot.
 
-Reads the CSV ``nsys stats --report cuda_gpu_trace --format csv`` writes from a run profiled with
+Reads ``nsys stats --report cuda_gpu_trace --format csv`` of a run profiled with
 ``--cuda-graph-trace=node`` (every kernel of a graph launch its own row, all sharing the launch's
-``CorrId``), turns each row into the kernel record ``cupti`` reads from Kineto, and reuses its
-grouping: graph launches, streams ranked within each launch, gaps pooled per rank. "ms a step" is
-the median time from one graph launch's first kernel to the next's, over launches of the decode
-loop (an interval over three times the median, a prefill or a pause between, is left out).
+``CorrId``): its ``--output`` file or its stdout as printed (the "Processing [...]" and NOTICE lines
+before the header are skipped), with or without the ``GreenCtx`` column. Each row becomes the kernel
+record ``timeline`` reads; a graph is known by its kernels per launch.
+
+Under node-level tracing ``cuGraphLaunch`` takes milliseconds on the host instead of tens of µs
+(docs/measurements.md, "Nsight Systems and the profilers' own launch time"). A wait-sync graph's PLE
+WAIT is released by the host only after the launch returns, so under the profiler the GPU sits at
+that WAIT for the profiler's own launch time: the step is the profiler's, and differs by run, not by
+build. So per graph this reports that stall on its own (the longest gap at one fixed place in every
+launch: where the WAIT sits) and every other figure with it left out: kernel busy time, the span,
+the median gap between kernels per stream. Those are comparable across builds; the stall and the time
+from launch to launch are not, and the cost of the upload is read unprofiled (``bench engine``).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
-from .cupti import first_streams, graph_launches, pooled_gaps
+from .timeline import busy_us, first_streams, graph_launches, streams
 
-COLUMNS = {"start": "Start (ns)", "duration": "Duration (ns)", "correlation": "CorrId", "stream": "Strm"}
-ACCEPTED = ("accepted values are the CSV of `nsys stats --report cuda_gpu_trace --format csv` from a run profiled "
-            "with --cuda-graph-trace=node")
+COLUMNS = {"start": "Start (ns)", "duration": "Duration (ns)", "correlation": "CorrId", "stream": "Strm",
+           "name": "Name"}
+ACCEPTED = ("accepted values are the CSV of `nsys stats --report cuda_gpu_trace --format csv` (its --output file "
+            "or its stdout) from a run profiled with --cuda-graph-trace=node")
+STALL_US = 10.0  # a fixed-place gap this long is a stall (a WAIT the host had not released), not scheduling
+LARGE_STALL_US = 100.0  # a stall this long a launch holds the profiler's own launch time: said in one line
+
+
+class TraceError(ValueError):
+    """A file that is not such a trace; its message is one line naming the file and, where it can, the row."""
+
+
+@dataclass(frozen=True)
+class Stall:
+    """The longest gap at one fixed place of a graph's launches: after its ``after``-th kernel (from 1)
+    on its busiest stream; where a wait-sync graph's PLE WAIT sits."""
+
+    after: int
+    median_us: float
+    low_us: float
+    high_us: float
+
+
+@dataclass(frozen=True)
+class GraphFigures:
+    """One graph of one trace, over its launches after the first (the first launch is its own figure)."""
+
+    kernels: int  # per launch: how the graph is known
+    launches: int  # every launch, the first included
+    busy_us: float  # union of its kernels' intervals, median over launches
+    span_us: float  # first kernel's start to last kernel's end, the stall left out, median over launches
+    stall: Stall | None
+    gap_us: dict[str, float]  # ranked stream -> median gap between consecutive kernels, the stall left out
+
+
+@dataclass(frozen=True)
+class Trace:
+    path: str
+    graphs: list[GraphFigures]  # in order of first launch
+
+
+def read(path: str) -> Trace:
+    """One profiled run's figures per graph; :class:`TraceError` naming ``path`` (and the row) when it is
+    not such a trace."""
+    launches = graph_launches(kernels(path))
+    if not launches:
+        raise TraceError(f"{path!r}: no graph launch in the trace (a kernel sharing its CorrId with others); "
+                         f"{ACCEPTED}")
+    by_graph: dict[int, list[list[dict[str, Any]]]] = {}
+    for launch in launches:
+        by_graph.setdefault(len(launch), []).append(launch)
+    return Trace(path, [graph_figures(n, ls) for n, ls in by_graph.items()])
 
 
 def kernels(path: str) -> list[dict[str, Any]]:
-    """The trace's kernel rows as Kineto-shaped records (µs); memory copies and sets are left out.
-    ``ValueError`` in one line naming the file when it is not such a CSV."""
+    """The trace's kernel rows as kernel records (µs); memory copies and sets are left out."""
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(line for line in fh if line.strip()))
-    except (OSError, UnicodeError, csv.Error) as exc:
-        raise ValueError(f"--from-nsys {path!r} cannot be read ({exc}); {ACCEPTED}") from None
-    missing = [c for c in COLUMNS.values() if not rows or c not in rows[0]]
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (OSError, UnicodeError) as exc:
+        raise TraceError(f"{path!r} cannot be read ({getattr(exc, 'strerror', None) or exc}); {ACCEPTED}") from None
+    start = next((i for i, line in enumerate(lines) if line.lstrip('"').startswith("Start (ns)")), None)
+    if start is None:
+        raise TraceError(f"{path!r}: no header row (\"Start (ns)\",...) in it; {ACCEPTED}")
+    reader = csv.reader(io.StringIO("\n".join(lines[start:])))
+    header = next(reader)
+    missing = [c for c in COLUMNS.values() if c not in header]
     if missing:
-        raise ValueError(f"--from-nsys {path!r} has no column {', '.join(map(repr, missing))}; {ACCEPTED}")
+        raise TraceError(f"{path!r} row {start + 1}: no column {', '.join(map(repr, missing))}; {ACCEPTED}")
+    at = {key: header.index(name) for key, name in COLUMNS.items()}
     out = []
-    for row in rows:
-        if (row.get("Name") or "").startswith("[CUDA "):  # [CUDA memcpy ...], [CUDA memset]: not kernels
-            continue
-        start, duration = float(row[COLUMNS["start"]]) / 1e3, float(row[COLUMNS["duration"]]) / 1e3
-        out.append({"ts": start, "dur": duration,
-                    "args": {"stream": row[COLUMNS["stream"]], "correlation": row[COLUMNS["correlation"]]}})
+    for number, row in enumerate(reader, start + 2):
+        if not row:
+            break  # the table ends (stdout may go on with another report)
+        out += _kernel(path, number, row, header, at)
+    if not out:
+        raise TraceError(f"{path!r}: a header and no kernel row; {ACCEPTED}")
     return sorted(out, key=lambda e: e["ts"])
 
 
-def figures(path: str) -> dict[str, Any]:
-    """#775's figures of one profiled run: graph launches, ms a step, median gap per ranked stream."""
-    launches = graph_launches(kernels(path))
-    if len(launches) < 2:
-        raise ValueError(f"--from-nsys {path!r}: {len(launches)} graph launch(es) in the trace; {ACCEPTED}")
-    starts = [float(ks[0]["ts"]) for ks in launches]
-    steps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    typical = statistics.median(steps)
-    loop = [s for s in steps if s <= 3 * typical]
-    seen: set[int] = set()  # each graph's first launch is its own figure: a graph is known by its kernel count
-    later = [ks for ks in launches if len(ks) in seen or seen.add(len(ks))]
-    gaps = pooled_gaps(later)
-    return {"launches": len(launches), "ms_per_step": statistics.median(loop) / 1e3,
-            "gap_us": {rank: statistics.median(g) for rank, g in gaps.items() if g}}
+def _kernel(path: str, number: int, row: list[str], header: list[str], at: dict[str, int]) -> list[dict[str, Any]]:
+    """The row's kernel record, none for a copy or a set; :class:`TraceError` naming the row when it is odd."""
+    if row == header:
+        raise TraceError(f"{path!r} row {number}: a second header (two traces in one file?); {ACCEPTED}")
+    if len(row) != len(header):
+        raise TraceError(f"{path!r} row {number}: {len(row)} fields for the header's {len(header)}; {ACCEPTED}")
+    if row[at["name"]].startswith("[CUDA "):  # [CUDA memcpy ...], [CUDA memset]: not kernels
+        return []
+    try:
+        start, duration = float(row[at["start"]]) / 1e3, float(row[at["duration"]]) / 1e3
+    except ValueError:
+        raise TraceError(f"{path!r} row {number}: {row[at['start']]!r} / {row[at['duration']]!r} is no start and "
+                         f"duration in ns; {ACCEPTED}") from None
+    args = {"stream": row[at["stream"]], "correlation": row[at["correlation"]]}
+    return [{"ts": start, "dur": duration, "args": args}]
 
 
-def table(paths: list[str]) -> str:
-    """#775's table, one row per profiled run (named by its file), ready to paste into the issue."""
-    lines = ["| build (trace) | graph launches | ms per decode step | median gap between kernels per stream, µs |",
-             "|---|---|---|---|"]
-    for path in paths:
-        f = figures(path)
-        lines.append(f"| {path} | {f['launches']} | {f['ms_per_step']:.3f} | {first_streams(f['gap_us'])} |")
+def _end(e: dict[str, Any]) -> float:
+    """A kernel's end, in the trace's own unit."""
+    return float(e["ts"]) + float(e.get("dur", 0))
+
+
+def stall_of(launches: list[list[dict[str, Any]]]) -> Stall | None:
+    """The longest median gap at one place on the busiest stream, over ``launches``, where it is a stall."""
+    gaps = [[float(b["ts"]) - _end(a) for a, b in zip(s1, s1[1:], strict=False)]
+            for s1 in (streams(launch)[0] for launch in launches)]
+    width = min(len(g) for g in gaps)
+    if width == 0:
+        return None
+    medians = [statistics.median(g[k] for g in gaps) for k in range(width)]
+    at = max(range(width), key=medians.__getitem__)
+    if medians[at] < STALL_US:
+        return None
+    values = [g[at] for g in gaps]
+    return Stall(at + 1, medians[at], min(values), max(values))
+
+
+def without_stall(launch: list[dict[str, Any]], stall: Stall | None) -> tuple[dict[str, list[float]], float]:
+    """One launch's gaps per ranked stream and its span, the stall's interval left out of both: the stall
+    gap itself is dropped, and a gap on another stream loses the time it overlaps the stall."""
+    ranked = streams(launch)
+    window = (0.0, 0.0)
+    if stall is not None and len(ranked[0]) > stall.after:
+        window = (_end(ranked[0][stall.after - 1]), float(ranked[0][stall.after]["ts"]))
+    gaps: dict[str, list[float]] = {}
+    for rank, ks in enumerate(ranked, 1):
+        for k, (a, b) in enumerate(zip(ks, ks[1:], strict=False)):
+            if rank == 1 and stall is not None and k == stall.after - 1:
+                continue
+            lo, hi = _end(a), float(b["ts"])
+            gaps.setdefault(f"s{rank}", []).append(hi - lo - max(0.0, min(hi, window[1]) - max(lo, window[0])))
+    span = max(_end(e) for e in launch) - min(float(e["ts"]) for e in launch) - (window[1] - window[0])
+    return gaps, span
+
+
+def graph_figures(kernel_count: int, launches: list[list[dict[str, Any]]]) -> GraphFigures:
+    """One graph's figures over its later launches (the first is its own figure: it may upload), the stall left out of
+    the gaps and the span."""
+    later = launches[1:] or launches  # a graph launched once: its only launch, the first
+    stall = stall_of(later)
+    pooled: dict[str, list[float]] = {}
+    spans = []
+    for launch in later:
+        gaps, span = without_stall(launch, stall)
+        spans.append(span)
+        for rank, values in gaps.items():
+            pooled.setdefault(rank, []).extend(values)
+    return GraphFigures(kernel_count, len(launches), statistics.median(busy_us(ks) for ks in later),
+                        statistics.median(spans), stall,
+                        {rank: statistics.median(v) for rank, v in sorted(pooled.items(), key=lambda kv: int(kv[0][1:]))
+                         if v})
+
+
+def graph_name(order: int, count: int, kernels_per_launch: int) -> str:
+    """``graph 1 (1768 kernels a launch; bs 2 under bench engine's workload)``: two graphs launched in
+    that order are the pair's bs 2, then the single request's bs 1."""
+    bs = f"; bs {2 - order} under bench engine's workload" if count == 2 else ""
+    return f"graph {order + 1} ({kernels_per_launch} kernels a launch{bs})"
+
+
+def report(traces: list[Trace]) -> str:
+    """Per graph, a row per trace; then the builds compared on what the profiler leaves comparable, and
+    each trace whose stall holds the profiler's launch time said so in one line."""
+    sizes = list(dict.fromkeys(g.kernels for t in traces for g in t.graphs))
+    lines = []
+    for order, size in enumerate(sizes):
+        lines += [f"{graph_name(order, len(sizes), size)}:", "",
+                  "| trace | launches | busy µs a launch | span µs without the stall | stall (where, ms) | "
+                  "median gap between kernels per stream, µs, without the stall |", "|---|---|---|---|---|---|"]
+        rows = [(t, next((g for g in t.graphs if g.kernels == size), None)) for t in traces]
+        for t, g in rows:
+            if g is None:
+                lines.append(f"| {t.path} | 0 | - | - | - | - |")
+                continue
+            stall = f"after kernel {g.stall.after}, {g.stall.median_us / 1e3:.3f}" if g.stall else "none"
+            lines.append(f"| {t.path} | {g.launches} | {g.busy_us:.1f} | {g.span_us:.1f} | {stall} | "
+                         f"{first_streams(g.gap_us)} |")
+        lines += ["", *compared(rows), ""]
+    lines += [f"{t.path}: {line}" for t in traces for line in profiler_lines(t)]
+    lines.append("The decode step and the upload's cost come from an unprofiled run (bench engine, with its positive "
+                 "control); Nsight Systems' figures above are its kernels, their gaps and their span, the stall apart.")
     return "\n".join(lines)
+
+
+def compared(rows: list[tuple[Trace, GraphFigures | None]]) -> list[str]:
+    """Each trace against the first on what the profiler leaves comparable: busy time, the span without
+    the stall, the busiest stream's median gap. One profiled run each: no interval, no verdict."""
+    (first, base), out = rows[0], []
+    if base is None:
+        return out
+    for t, g in rows[1:]:
+        if g is None:
+            continue
+        s1 = (g.gap_us.get("s1"), base.gap_us.get("s1"))
+        gap = f"{s1[0]:.2f} vs {s1[1]:.2f} µs" if None not in s1 else "n/a"
+        out.append(f"- {t.path} vs {first.path} (comparable under the profiler): busy {_pct(g.busy_us, base.busy_us)}, "
+                   f"span without the stall {_pct(g.span_us, base.span_us)}, s1 gap {gap}")
+    return out
+
+
+def _pct(value: float, base: float) -> str:
+    """A figure against the first trace's, as a signed percentage, or ``n/a`` against zero."""
+    return f"{100 * (value / base - 1):+.2f}%" if base else "n/a"
+
+
+def profiler_lines(trace: Trace) -> list[str]:
+    """One line per graph whose stall is long enough to hold the profiler's own launch time."""
+    return [f"the {g.kernels}-kernel graph stalls {g.stall.median_us / 1e3:.2f} ms a launch after kernel "
+            f"{g.stall.after}: the profiler's own launch time (the host releases a wait-sync graph's PLE WAIT only "
+            "after cuGraphLaunch returns, and node-level tracing makes that take milliseconds), not a cost of this "
+            "build" for g in trace.graphs if g.stall is not None and g.stall.median_us >= LARGE_STALL_US]

@@ -1,6 +1,6 @@
-"""What each benchmark reads: one small typed settings object per mode, built once from the parsed
-options at the CLI boundary (``bench.cli``, whose parser holds every default). No room below the CLI
-reads argparse's namespace, so each mode's signature says which options it takes.
+"""What each benchmark reads: one small typed settings object per subcommand, built once from its parsed
+options at the CLI boundary (``cli``, whose parsers hold every default). Nothing below the CLI reads
+argparse's namespace, so each benchmark's signature says which options it takes.
 
 A field's name is the option's ``dest`` (``--decode-steps``: ``decode_steps``); ``from_options``
 copies exactly the fields the settings declare, and a namespace missing one fails at the boundary.
@@ -17,8 +17,8 @@ S = TypeVar("S")
 
 def from_options(cls: type[S], opts: argparse.Namespace, **given: Any) -> S:
     """``cls`` from the options of the same names; ``given`` sets the fields the CLI resolved itself
-    (the arms a model's case needs, the cases the models gave)."""
-    values = {f.name: getattr(opts, f.name) for f in fields(cls) if f.name not in given}
+    (the arms a model's case needs)."""
+    values = {f.name: getattr(opts, f.name) for f in fields(cls) if f.name not in given}  # type: ignore[arg-type]
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     return cls(**values, **given)
 
@@ -30,12 +30,12 @@ class Outputs:
     json: str | None = None
     markdown: str | None = None
     plot: str | None = None
+    verbose: bool = False  # --markdown: the detail too (engine records)
 
 
 @dataclass(frozen=True)
 class RigSettings:
-    """The rig (``replay.run_arms``): the decode-like graph, its instances and replays; saved as the
-    record's ``config``."""
+    """``bench rig``: the decode-like graph, its instances and replays; saved as the record's ``config``."""
 
     kernels: int
     streams: int
@@ -45,36 +45,34 @@ class RigSettings:
     profile_reps: int
     no_wait: bool
     h2d: bool
-    strategies: tuple[str, ...]
+    modes: tuple[str, ...]
     watchdog: float
 
 
 @dataclass(frozen=True)
 class DeadlockSettings:
-    """``--deadlock``: the first-launch matrix, a process per case."""
+    """``bench deadlock``: the first-launch matrix, a process per case."""
 
-    kernels: int
-    streams: int
-    matrix_kernels: tuple[int, ...]
-    strategies: tuple[str, ...]
+    sizes: tuple[int, ...]
+    modes: tuple[str, ...]
     jobs: int
     watchdog: float
 
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """One case of the matrix, in its own process (the hidden ``--probe``)."""
+    """One case of the matrix, in its own process (the hidden ``_probe``)."""
 
     kernels: int
     streams: int
-    strategy: str
+    mode: str
     watchdog: float
 
 
 @dataclass(frozen=True)
 class Workload:
-    """#775's workload, which ``--engine`` and ``--serve`` share: the prompt's tokens, the greedy decode
-    steps per request, the text to copy (``None``: the licence shipped with the package)."""
+    """#775's workload, which ``bench engine`` and ``bench serve`` share: the prompt's tokens, the greedy
+    decode steps per request, the text to copy (``None``: the licence shipped with the package)."""
 
     context: int
     decode_steps: int
@@ -83,7 +81,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class EngineSettings(Workload):
-    """``--engine``: the arms, rounds and copies, the engine process's limits, and the workload."""
+    """``bench engine``: the arms, rounds and copies, the engine process's limits, and the workload."""
 
     arms: tuple[str, ...]
     rounds: int
@@ -99,7 +97,7 @@ class EngineSettings(Workload):
 
 @dataclass(frozen=True)
 class ServeSettings(Workload):
-    """``--serve``: the arms, how many at once, the server's and the requests' limits, and the workload."""
+    """``bench serve``: the arms, how many at once, the server's and the requests' limits, and the workload."""
 
     arms: tuple[str, ...]
     jobs: int

@@ -1,7 +1,7 @@
 """The positive controls' known extra GPU time: a spin kernel (``torch.cuda._sleep``, which counts GPU
 clocks) calibrated to a target length on this GPU now, and its own measured length.
 
-Imports torch alone: the engine child (``engine_child/``), which must import nothing of this package,
+Imports torch alone: the engine child (``engine/child/``), which must import nothing of this package,
 loads this file by path.
 """
 

@@ -10,21 +10,23 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Any
 
-from .common import rotated
+from .records import StartupRecord
+from .running import rotated
 from .stats import median_band, summary
 
 ARMS = {  # name: (venv holding the .pth, FT_GRAPH_UPLOAD)
     "bare": (False, None), "unset": (True, None), "armed (auto)": (True, "auto"), "off": (True, "off")}
 TARGET_MS = 5.0
+MIN_RUNS = 8  # the fewest paired runs a 95% interval of their median can be drawn from (stats.median_band)
 
 
 def _stopped(signum: int, frame: object) -> None:
+    """SIGTERM as ``SystemExit``: the ``finally`` that removes the temporary venvs runs."""
     raise SystemExit(128 + signum)
 
 
-def startup(runs: int) -> tuple[dict[str, Any], str]:
+def startup(runs: int) -> StartupRecord:
     """``python -c pass`` in two fresh venvs, every arm interleaved: one bare, one holding this
     package as pip installs it (its ``.pth`` in site-packages, its modules compiled to bytecode),
     that one with ``FT_GRAPH_UPLOAD`` unset, armed and ``off``. FreeToken is never imported: the cost
@@ -72,17 +74,14 @@ def startup(runs: int) -> tuple[dict[str, Any], str]:
     # each pass ran every arm back to back: its difference to bare in the same pass cancels drift
     bands = {k: median_band([a - b for a, b in zip(times[k], times["bare"], strict=True)]) for k in ARMS
              if k != "bare"}
-    record = {"runs": runs, "ms": {k: summary(v) for k, v in times.items()},
-              "delta_ms": {k: band[0] for k, band in bands.items()},
-              "delta_band_ms": {k: band[1:] for k, band in bands.items()}, "target_ms": TARGET_MS,
-              "python": platform.python_version()}
-    return record, render(record)
+    return StartupRecord(runs, {k: summary(v) for k, v in times.items()}, {k: band[0] for k, band in bands.items()},
+                         {k: list(band[1:]) for k, band in bands.items()}, TARGET_MS, platform.python_version())
 
 
-def render(record: dict) -> str:
-    """The report line of a start-up record (a run's, or one ``--from-json`` reads back)."""
-    runs, bare = record["runs"], record["ms"]["bare"]["median"]
-    bands = {k: (mid, *record["delta_band_ms"][k]) for k, mid in record["delta_ms"].items()}
+def render(record: StartupRecord) -> str:
+    """The report line of a start-up record (a run's, or one ``bench report`` reads back)."""
+    runs, bare = record.runs, record.ms["bare"].median
+    bands = {k: (mid, *record.delta_band_ms[k]) for k, mid in record.delta_ms.items()}
     verdict = startup_verdict(list(bands.values()), runs)
     return (f"python -c pass, {runs} interleaved runs each, FreeToken never imported: bare venv {bare:.2f} ms; "
             "with the .pth (median of the paired differences, 95% interval): "
@@ -95,9 +94,10 @@ def startup_verdict(bands: list[tuple[float, float, float]], runs: int) -> str:
     """Met when every arm's interval lies within the target, NOT met when one lies wholly above it,
     and "cannot tell" when one straddles it (more --startup-runs narrow it)."""
     if any(math.isnan(high) for _, _, high in bands):
-        return f"not judged: {runs} runs are too few for a 95% interval (it needs 8 or more)"
+        return (f"not judged: {runs} run{'' if runs == 1 else 's'} {'is' if runs == 1 else 'are'} too few for a 95% "
+                f"interval (it needs {MIN_RUNS} or more)")
     if any(low > TARGET_MS for _, low, _ in bands):
         return "NOT met (an interval lies wholly above it)"
     if all(high <= TARGET_MS for _, _, high in bands):
         return "met (every interval within it)"
-    return "cannot tell (an interval straddles it: run with more --startup-runs)"
+    return "cannot tell (an interval straddles it: run with more --runs)"

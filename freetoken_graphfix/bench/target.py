@@ -49,9 +49,11 @@ class Target:
 
     @property
     def synthetic(self) -> bool:
+        """Whether the bench writes the model itself (no ``--model``)."""
         return self.model_dir is None
 
     def describe(self) -> str:
+        """The model and what its case expects of the arms, for the report's model line."""
         layout = "NVFP4 experts, ModelOpt safetensors" if self.experts == "nvfp4" else "FTW, bf16 experts"
         name = f"synthetic qwen4_exp ({layout}, disk PLE table)" if self.synthetic else \
             f"{self.model_dir} ({self.family}, {self.architecture}{', dummy weights' if self.dummy else ''})"

@@ -1,4 +1,4 @@
-"""The words a ratio to never-uploaded graphs is judged in, shared by the rig and ``--engine``, and
+"""The words a ratio to never-uploaded graphs is judged in, shared by the rig and ``bench engine``, and
 the positive control's check: a bench that reads "no cost" must show it could have seen one."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ NO_COST = "no cost beyond ±0.5% (95% interval within it)"
 CANNOT = "no cost this run can resolve (its 95% interval reaches beyond ±0.5%)"
 WITHIN_AA = "within the A/A control's noise (±{:.2f}%): identically treated arms came that far apart"
 REPORTERS_CHECK = ("To check #775 on the GPU it was reported on (the same workload, Nsight Systems' kernel "
-                   "timelines): the README's section \"Checking #775 where it was reported\"")
+                   "timelines): freetoken-graphfix's docs/measuring.md, \"Checking #775 where it was reported\"")
 CONTROL_ADDED = 0.02  # the positive control's extra GPU time, as a fraction of the step: #775's size
 
 

@@ -1,0 +1,163 @@
+"""``bench`` as subcommands: each benchmark owns its options, so argparse refuses, in one line before
+anything runs (or CUDA is looked for), an option the chosen benchmark would not read; bad paths and
+sizes likewise; each benchmark's settings are built from its own parser."""
+
+from __future__ import annotations
+
+import pytest
+
+from freetoken_graphfix.bench import cli
+
+BENCHMARKS = ["rig", "deadlock", "engine", "serve", "startup", "report", "nsys", "write-model"]
+
+
+def test_bench_help_lists_its_subcommands(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and "{" + ",".join(BENCHMARKS) + "}" in out
+    for name in BENCHMARKS:
+        assert f"\n    {name} " in out, name
+    assert "_probe" not in out  # the first-launch matrix's child is no benchmark of the user's
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["serve", "--rounds", "2"], "unrecognized arguments: --rounds 2"),
+    (["engine", "--no-wait"], "unrecognized arguments: --no-wait"),
+    (["engine", "--modes", "skip"], "unrecognized arguments: --modes skip"),
+    (["startup", "--kernels", "5"], "unrecognized arguments: --kernels 5"),
+    (["rig", "--arms", "auto"], "unrecognized arguments: --arms auto"),
+    (["rig", "--runs", "10"], "unrecognized arguments: --runs 10"),
+    (["serve", "--no-warmup"], "unrecognized arguments: --no-warmup"),
+    (["rig", "--verbose"], "unrecognized arguments: --verbose"),
+    (["write-model", "D", "--rounds", "2"], "unrecognized arguments: --rounds 2"),
+    (["serve", "--markdown", "r.md"], "unrecognized arguments: --markdown r.md"),
+    (["deadlock", "--plot", "p.png"], "unrecognized arguments: --plot p.png"),
+    (["startup", "--plot", "p.png"], "unrecognized arguments: --plot p.png"),
+    (["startup", "--", "--anything"], "FreeToken options after -- are for engine and serve, not startup: --anything"),
+    (["rig", "--", "--dummy-weight"], "FreeToken options after -- are for engine and serve, not rig: --dummy-weight"),
+    (["startup", "--runs", "7"], "argument --runs: '7': accepted values are whole numbers of 8 or more"),
+    (["engine", "--rounds", "0"], "argument --rounds: '0': accepted values are whole numbers of 1 or more"),
+    (["bogus"], "'bogus' is not a benchmark; accepted values: rig, deadlock, engine, serve, startup, report, nsys, "
+                "write-model"),
+])
+def test_an_option_the_chosen_benchmark_would_not_read_is_refused(argv, line, capsys, monkeypatch):
+    def nothing_may_run(*args, **kwargs):
+        raise AssertionError("ran before refusing")
+
+    monkeypatch.setattr(cli, "RUN", {name: nothing_may_run for name in cli.RUN})
+    monkeypatch.setattr(cli, "cuda_missing", nothing_may_run)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and line in err.splitlines()[-1], err
+    assert len(err.strip().splitlines()) == 2  # its own short usage, and the one line
+
+
+def test_a_bench_error_is_its_usage_and_one_line(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["engine", "--context", "0"], prog="python -m freetoken_graphfix bench")
+    assert capsys.readouterr().err.splitlines() == [
+        "usage: python -m freetoken_graphfix bench engine [options] [-- FreeToken's ft serve options] (-h: all)",
+        "python -m freetoken_graphfix bench engine: error: argument --context: '0': accepted values are whole "
+        "numbers of 1 or more"]
+
+
+def test_plot_without_matplotlib_is_refused_before_anything_runs(monkeypatch, capsys, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    monkeypatch.setattr(cli, "RUN", {name: lambda *a: pytest.fail("ran before refusing") for name in cli.RUN})
+    for argv in (["rig", "--plot", str(tmp_path / "g.png")], ["engine", "--plot", str(tmp_path / "g.png")]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
+            "error: --plot needs matplotlib, which is not installed here (pip install 'freetoken-graphfix[plot]')")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["engine", "--logs", ""], "--logs '': an empty path; accepted values are a directory (made if missing)"),
+    (["engine", "--logs", "{file}"], "is not a directory; accepted values are a directory (made if missing)"),
+    (["engine", "--logs", "/proc/x/y"], "cannot be made here; accepted values are a directory (made if missing)"),
+    (["write-model", "{dir}", "--layers", "2", "3"], "unrecognized arguments: 3"),
+    (["write-model", "", "--family", "llama"], "write-model '': accepted values are a new or empty directory"),
+])
+def test_bad_paths_and_sizes_are_one_line_before_anything_runs(argv, line, tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr(cli, "cuda_missing", lambda: pytest.fail("got as far as the GPU"))
+    monkeypatch.chdir(tmp_path)
+    argv = [a.format(file=tmp_path / "file", dir=tmp_path / "model") for a in argv]
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert code == 2 and "bench " in last and ": error: " in last and last.endswith(line), last
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
+
+
+def test_an_empty_prompt_file_is_refused_not_the_default_text():
+    from freetoken_graphfix.bench import workload
+
+    with pytest.raises(ValueError, match="--prompt-file '': an empty path"):
+        workload.read_text("")
+    assert workload.read_text(None) == workload.COPY_TEXT.read_text(encoding="utf-8")
+
+
+def test_a_startup_record_is_read_back_and_a_rig_record_without_its_command_renders(tmp_path, capsys):
+    import json
+
+    from freetoken_graphfix.bench import record_files
+    from freetoken_graphfix.bench.rig import report
+
+    from .known_answers import rig_record
+
+    record = {"runs": 200, "ms": {"bare": {"n": 200, "median": 11.2, "p10": 10.0, "p90": 13.0}},
+              "delta_ms": {"armed": 1.3}, "delta_band_ms": {"armed": [0.2, 6.1]}, "target_ms": 5.0, "python": "3.12"}
+    (tmp_path / "s.json").write_text(json.dumps(record))  # a start-up record of the first schema
+    assert cli.main(["report", str(tmp_path / "s.json")]) == 0
+    assert capsys.readouterr().out.strip().endswith("target within +5 ms: cannot tell (an interval straddles it: run "
+                                                    "with more --runs)")
+    assert record_files.read(str(tmp_path / "s.json")).ms["bare"].low == 10.0
+    rig = rig_record(0.0, 0.002, seed=1)
+    rig.command = ""
+    assert "| command | `not recorded` |" in report.markdown(rig)
+
+
+def test_the_rigs_refusal_has_the_same_prefix_as_every_other(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "cuda_missing", lambda: "no CUDA device; nothing to measure")
+    assert cli.main(["rig"]) == 1
+    assert capsys.readouterr().err == ("python -m freetoken_graphfix bench rig: error: no CUDA device; nothing to "
+                                       "measure\n")
+
+
+def test_each_benchmark_reads_typed_settings_built_from_its_own_options():
+    """Every field of every benchmark's settings is an option of its own subcommand (so the CLI boundary
+    builds each from the parsed options, with the parser's defaults), and no module below the CLI
+    imports argparse: the CLI, its option groups and the settings' builder alone."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from freetoken_graphfix.bench import settings
+
+    def parsed(*argv: str):
+        opts = cli.parser().parse_args(list(argv))
+        opts.command = "bench"
+        return opts
+
+    for cls, argv in ((settings.RigSettings, ["rig"]), (settings.DeadlockSettings, ["deadlock"]),
+                      (settings.ProbeSettings, ["_probe", "--kernels", "8", "--streams", "1", "--mode", "auto"]),
+                      (settings.EngineSettings, ["engine"]), (settings.ServeSettings, ["serve"])):
+        given = {"arms": ("upstream",)} if "arms" in {f.name for f in dataclasses.fields(cls)} else {}
+        built = settings.from_options(cls, parsed(*argv), **given)
+        assert all(not isinstance(getattr(built, f.name), list) for f in dataclasses.fields(cls)), built
+    assert settings.from_options(settings.RigSettings, parsed("rig")).batch_sizes == (1, 2)
+    bench = Path(cli.__file__).parent
+    importers = set()
+    for path in bench.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names):
+                importers.add(path.name)
+    assert importers == {"cli.py", "options.py", "settings.py"}
