@@ -4,11 +4,13 @@ sizes likewise; each benchmark's settings are built from its own parser."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from freetoken_graphfix.bench import cli
 
-BENCHMARKS = ["rig", "deadlock", "engine", "serve", "startup", "report", "nsys", "write-model"]
+BENCHMARKS = ["rig", "deadlock", "engine", "serve", "startup", "report", "nsys", "launch", "write-model"]
 
 
 def test_bench_help_lists_its_subcommands(capsys):
@@ -39,7 +41,9 @@ def test_bench_help_lists_its_subcommands(capsys):
     (["startup", "--runs", "7"], "argument --runs: '7': accepted values are whole numbers of 8 or more"),
     (["engine", "--rounds", "0"], "argument --rounds: '0': accepted values are whole numbers of 1 or more"),
     (["bogus"], "'bogus' is not a benchmark; accepted values: rig, deadlock, engine, serve, startup, report, nsys, "
-                "write-model"),
+                "launch, write-model"),
+    (["launch", "--json", "l.json"], "unrecognized arguments: --json l.json"),
+    (["launch", "--kernels", "0"], "argument --kernels: '0': accepted values are whole numbers of 1 or more"),
 ])
 def test_an_option_the_chosen_benchmark_would_not_read_is_refused(argv, line, capsys, monkeypatch):
     def nothing_may_run(*args, **kwargs):
@@ -125,11 +129,22 @@ def test_a_startup_record_is_read_back_and_a_rig_record_without_its_command_rend
     assert "| command | `not recorded` |" in report.markdown(rig)
 
 
-def test_the_rigs_refusal_has_the_same_prefix_as_every_other(capsys, monkeypatch):
+@pytest.mark.parametrize("name", ["rig", "launch"])
+def test_a_gpu_benchmarks_refusal_has_the_same_prefix_as_every_other(capsys, monkeypatch, name):
     monkeypatch.setattr(cli, "cuda_missing", lambda: "no CUDA device; nothing to measure")
-    assert cli.main(["rig"]) == 1
-    assert capsys.readouterr().err == ("python -m freetoken_graphfix bench rig: error: no CUDA device; nothing to "
+    assert cli.main([name]) == 1
+    assert capsys.readouterr().err == (f"python -m freetoken_graphfix bench {name}: error: no CUDA device; nothing to "
                                        "measure\n")
+
+
+def test_launch_renders_each_tracer_with_its_figure():
+    from freetoken_graphfix.bench.launch import LaunchTimes, render
+    from freetoken_graphfix.bench.stats import summary
+
+    text = render(LaunchTimes(1700, summary([24.0, 25.0, 26.0]), summary([1100.0, 1200.0, 1300.0])))
+    assert text.splitlines()[0] == "host time of one cuGraphLaunch, a 1700-kernel graph, 3 launches each:"
+    assert "  this process untraced: 25.0 µs [p10 24.2, p90 25.8] (under nsys profile: Nsight Systems' tracing)" in text
+    assert "  under CUPTI (torch.profiler, as bench engine's traced runs): 1200.0 µs" in text
 
 
 def test_each_benchmark_reads_typed_settings_built_from_its_own_options():
@@ -161,3 +176,20 @@ def test_each_benchmark_reads_typed_settings_built_from_its_own_options():
             if isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names):
                 importers.add(path.name)
     assert importers == {"cli.py", "options.py", "settings.py"}
+
+
+def test_logs_is_made_if_missing_before_the_benchmark_writes_into_it(tmp_path, monkeypatch):
+    """``--logs DIR`` whose parent exists: the folder is made before the first process logs there."""
+    from freetoken_graphfix.bench import cases, records
+    from freetoken_graphfix.bench.engine import run as engine_run
+
+    seen = []
+    monkeypatch.setattr(cli, "cuda_missing", lambda: None)
+    monkeypatch.setattr(cases, "early_checks", lambda asked, ft_args: None, raising=False)
+    monkeypatch.setattr(cases, "prepare", lambda asked, ft_args: ([object()], None))
+    monkeypatch.setattr(engine_run, "engine_case", lambda case, settings, log_dir: seen.append(os.path.isdir(log_dir))
+                        or records.EngineCase.__new__(records.EngineCase))
+    monkeypatch.setattr(cli, "finish", lambda opts, record: 0)
+    logs = tmp_path / "new"
+    assert cli.main(["engine", "--arms", "upstream", "--logs", str(logs)]) == 0
+    assert seen == [True]

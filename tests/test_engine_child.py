@@ -187,3 +187,12 @@ def test_the_wait_counter_counts_the_waits_enqueued_while_capturing_alone(monkey
     capturing[0] = True
     row_store.wait_reset(7, 2)
     assert waits.captured == 1 and calls == [(7, 1), (7, 2)] and waits.release is row_store.signal
+
+
+def test_the_child_loads_the_spin_module_by_path_from_where_the_package_lies():
+    """The engine child imports nothing of the package: the positive control's spin comes from
+    ``bench/spin.py`` by path, which must be found from the child's own folder (bench/engine/child/)."""
+    from freetoken_graphfix.bench import spin
+
+    module = copies.spin_module()
+    assert module.__file__ == spin.__file__ and module.__name__ == "graphfix_spin"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -127,7 +128,7 @@ def add_engine(sub: argparse._SubParsersAction, prog: str) -> None:
 
 
 def add_tools(sub: argparse._SubParsersAction, prog: str) -> None:
-    """``startup``, ``report``, ``nsys`` and ``write-model``: the subcommands that need no GPU."""
+    """``startup``, ``report``, ``nsys``, ``launch`` and ``write-model``: the tools beside the benchmarks."""
     startup = sub.add_parser("startup", help="interpreter start-up with and without the .pth (no GPU)",
                              parents=[outputs_options(markdown=False, plot=False)], **own(prog, "startup"),
                              description="python -c pass in a bare venv and in one holding this package's .pth, "
@@ -156,6 +157,14 @@ def add_tools(sub: argparse._SubParsersAction, prog: str) -> None:
                        help=f"of: {', '.join((model.SYNTHETIC, *model.FAMILIES))} (default {model.SYNTHETIC})")
     write.add_argument("--layers", type=positive, help="layers (default 48 for the synthetic qwen4_exp)")
     write.add_argument("--experts", choices=model.EXPERTS, default="bf16", help="the synthetic model's experts")
+    launch = sub.add_parser("launch", help="a tracer's cost to cuGraphLaunch on the host (run it under nsys too)",
+                            **own(prog, "launch"),
+                            description="Host time of cuGraphLaunch for one graph, untraced and under CUPTI (as "
+                                        "bench engine's traced runs); under nsys profile the untraced figure is "
+                                        "Nsight Systems'. A wait-sync graph's PLE WAIT stalls for that long. Needs a "
+                                        "CUDA device.")
+    launch.add_argument("--kernels", type=positive, default=1700, help="small kernels in the graph (default 1700)")
+    launch.add_argument("--launches", type=positive, default=200, help="timed launches each way (default 200)")
     # one first-launch case, in its own process (rig.deadlock.run_case): no help, so not listed
     probe = sub.add_parser("_probe", parents=[watchdog_option()], prog=f"{prog} _probe")
     probe.add_argument("--kernels", type=positive, required=True)
@@ -163,7 +172,7 @@ def add_tools(sub: argparse._SubParsersAction, prog: str) -> None:
     probe.add_argument("--mode", choices=arms.SHIM_MODES, required=True)
 
 
-VISIBLE = ("rig", "deadlock", "engine", "serve", "startup", "report", "nsys", "write-model")
+VISIBLE = ("rig", "deadlock", "engine", "serve", "startup", "report", "nsys", "launch", "write-model")
 
 
 def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.ArgumentParser:
@@ -295,6 +304,7 @@ def do_models(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
     if why:
         return error(say, why)
     log_dir = opts.logs or tempfile.mkdtemp(prefix=f"graphfix-{opts.bench}-")
+    os.makedirs(log_dir, exist_ok=True)  # --logs: made if missing (checked it can be, before anything ran)
     if opts.bench == "serve":
         from .serve.run import serve_case
 
@@ -345,6 +355,17 @@ def do_nsys(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
     return OK
 
 
+def do_launch(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
+    """``bench launch``: a tracer's cost to one launch, printed (a diagnostic, no record)."""
+    from .launch import measure, render
+
+    why = cuda_missing()
+    if why:
+        return error(say, why)
+    print(render(measure(opts.kernels, opts.launches)))
+    return OK
+
+
 def do_write_model(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
     """``bench write-model``: a folder it will not write into is a usage error (exit 2), said in one line."""
     try:
@@ -368,4 +389,4 @@ def do_probe(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
 
 RUN: dict[str, Callable[[argparse.Namespace, list[str], str], int]] = {
     "rig": do_rig, "deadlock": do_deadlock, "engine": do_models, "serve": do_models, "startup": do_startup,
-    "report": do_report, "nsys": do_nsys, "write-model": do_write_model, "_probe": do_probe}
+    "report": do_report, "nsys": do_nsys, "launch": do_launch, "write-model": do_write_model, "_probe": do_probe}

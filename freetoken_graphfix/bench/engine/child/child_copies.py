@@ -208,7 +208,7 @@ def spin_module():
     """``bench/spin.py``, loaded by path: importing it as part of the package would import the package."""
     from importlib.util import module_from_spec, spec_from_file_location
 
-    bench = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bench = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/engine/child/
     spec = spec_from_file_location("graphfix_spin", os.path.join(bench, "spin.py"))
     module = module_from_spec(spec)
     spec.loader.exec_module(module)
