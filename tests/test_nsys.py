@@ -4,6 +4,9 @@ cuda_gpu_trace --format csv`` writes (its --output file, its stdout, with and wi
 
 from __future__ import annotations
 
+import gzip
+from pathlib import Path
+
 import pytest
 
 from freetoken_graphfix.bench import cli, nsys
@@ -156,3 +159,56 @@ def test_options_nsys_does_not_read_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["nsys", trace(tmp_path, "ft-auto", 2_170_000), "--json", str(tmp_path / "o.json")])
     assert exc.value.code == 2 and "unrecognized arguments: --json" in capsys.readouterr().err
+
+
+# ---- real traces: nsys 2025.3.1 on the H200, the 48-layer synthetic qwen4_exp, 4,096-token context ----
+# (bench engine --arms upstream|auto --rounds 1 --copies 0 --trace-steps 0 --replays 1 --no-warmup under
+# nsys profile --trace=cuda --cuda-graph-trace=node; kept: the first four launches of each graph)
+TRACES = Path(__file__).with_name("traces")
+
+
+def real_trace(tmp_path, build: str, preamble: bool = False) -> str:
+    path = tmp_path / f"ft-{build}_cuda_gpu_trace.csv"
+    with gzip.open(TRACES / f"ft-{build}_cuda_gpu_trace.csv.gz", "rt") as fh:
+        path.write_text(("\n".join(PREAMBLE) + "\n" if preamble else "") + fh.read())
+    return str(path)
+
+
+@pytest.mark.parametrize("build", ["upstream", "auto"])
+def test_a_real_trace_keeps_each_graph_and_its_stall_apart(tmp_path, build):
+    """Two graphs (bs 2's 1,768 kernels, bs 1's 1,684), never pooled; each stalls milliseconds at the PLE
+    WAIT (after kernel 78 or 77, its PLE lookup) while its kernels run back to back: the span without
+    the stall is the busy time plus gaps under a microsecond, not the stall's milliseconds."""
+    got = nsys.read(real_trace(tmp_path, build))
+    assert [(g.kernels, g.launches) for g in got.graphs] == [(1768, 4), (1684, 4)]
+    for g, after in zip(got.graphs, (78, 77), strict=True):
+        assert g.stall.after == after and 3000 < g.stall.median_us < 6000
+        assert 2700 < g.busy_us < 3100 and g.busy_us < g.span_us < 1.25 * g.busy_us
+        assert 0.2 < g.gap_us["s1"] < 0.4
+
+
+def test_nsys_stdout_with_its_preamble_reads_as_its_output_file(tmp_path):
+    (tmp_path / "file").mkdir()
+    (tmp_path / "out").mkdir()
+    plain = nsys.read(real_trace(tmp_path / "file", "auto"))
+    assert nsys.read(real_trace(tmp_path / "out", "auto", preamble=True)).graphs == plain.graphs
+
+
+def test_a_real_trace_read_without_the_stall_apart_fails_its_check(tmp_path, monkeypatch):
+    """The check above can fail: with no stall found, the span carries the profiler's milliseconds."""
+    monkeypatch.setattr(nsys, "STALL_US", 1e9)
+    g = nsys.read(real_trace(tmp_path, "auto")).graphs[0]
+    assert g.stall is None and g.span_us > 1.25 * g.busy_us
+
+
+def test_on_a_real_pair_the_builds_read_alike_and_the_stall_is_the_profilers(tmp_path, capsys):
+    """upstream and auto as the H200 traced them: the kernels' busy time and span within 1% and the
+    same gaps; the stall, milliseconds in both, said to be the profiler's, and no step time printed."""
+    up, auto = real_trace(tmp_path, "upstream"), real_trace(tmp_path, "auto")
+    for a, b in zip(nsys.read(up).graphs, nsys.read(auto).graphs, strict=True):
+        assert abs(b.busy_us / a.busy_us - 1) < 0.01 and abs(b.span_us / a.span_us - 1) < 0.01
+        assert abs(b.gap_us["s1"] - a.gap_us["s1"]) < 0.05
+    assert cli.main(["nsys", up, auto]) == 0
+    out = capsys.readouterr().out
+    assert sum("the profiler's own launch time" in line for line in out.splitlines()) == 4
+    assert "ms per decode step" not in out and "COSTS" not in out
