@@ -3,9 +3,10 @@
 ``python -m tests.patched_run`` prints one JSON line: the patched ``GraphRunner`` captures bs 1, 2
 and 4 over a real ``DiskRowTable`` (wait-sync) and FreeToken's own ``Engine.forward_batch``
 dispatches decode steps in serving order; large graphs block their first never-uploaded launch
-behind their WAIT, as on the H200. Then a rebuild, and the faults on the worker's path, which the
-series handles as FreeToken's HIP path does: a fill or a launch that raises there fails the table,
-the next dispatch says so, and a recreated engine is protected again.
+behind their WAIT, as on the H200. Then a rebuild, and the faults on the worker's path: a fill that
+raises there (its launch returned) surfaces and leaves the table usable, as on CUDA's own path; a
+launch that raises fails the table as on HIP, the next dispatch says so, and a recreated engine is
+protected again.
 """
 
 import json
@@ -28,7 +29,7 @@ class Rig(EngineRig):
         """What the patched ``DiskRowTable.__init__`` sets in CUDA wait-sync mode (the harness builds
         the table without its device buffers): the worker, which 0.2.1 creates on HIP only, counting
         what runs on it, and the sizes captured and not yet launched."""
-        self.table._unlaunched_bs = set()
+        self.table._captured_bs, self.table._unlaunched_bs = set(), set()
         self.table._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ple-fill")
         submit = self.table._worker.submit
 
@@ -51,10 +52,11 @@ class Rig(EngineRig):
         self.capture()
 
     def faults(self, out: dict) -> None:
-        """As on HIP, a fill or a launch that raises fails the table: the next step says so, and the
-        recreated engine's first launches are protected again."""
+        """A fill that raises leaves the table usable (the next step runs); a launch that raises fails
+        it, as on HIP: the next step says so, and the recreated engine's first launches are protected
+        again."""
         self.fill_fault(out)
-        self.recreate()
+        self.capture()  # a rebuild: the launch that raises below is a first launch, on the worker's path
         self.runner.graph_map[2].fail_launch = True
         out["launch_raises"] = self.step(2, seed=30)
         self.runner.graph_map[2].fail_launch = False
