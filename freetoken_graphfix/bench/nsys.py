@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from .timeline import busy_us, first_streams, graph_launches, streams
+from .timeline import busy_us, first_streams, graph_launches, kernel_end, stream_gaps, streams
+from .verdicts import pct
 
 COLUMNS = {"start": "Start (ns)", "duration": "Duration (ns)", "correlation": "CorrId", "stream": "Strm",
            "name": "Name"}
@@ -124,15 +126,9 @@ def _kernel(path: str, number: int, row: list[str], header: list[str], at: dict[
     return [{"ts": start, "dur": duration, "args": args}]
 
 
-def _end(e: dict[str, Any]) -> float:
-    """A kernel's end, in the trace's own unit."""
-    return float(e["ts"]) + float(e.get("dur", 0))
-
-
 def stall_of(launches: list[list[dict[str, Any]]]) -> Stall | None:
     """The longest median gap at one place on the busiest stream, over ``launches``, where it is a stall."""
-    gaps = [[float(b["ts"]) - _end(a) for a, b in zip(s1, s1[1:], strict=False)]
-            for s1 in (streams(launch)[0] for launch in launches)]
+    gaps = [stream_gaps(launch)[0] for launch in launches]
     width = min(len(g) for g in gaps)
     if width == 0:
         return None
@@ -150,15 +146,15 @@ def without_stall(launch: list[dict[str, Any]], stall: Stall | None) -> tuple[di
     ranked = streams(launch)
     window = (0.0, 0.0)
     if stall is not None and len(ranked[0]) > stall.after:
-        window = (_end(ranked[0][stall.after - 1]), float(ranked[0][stall.after]["ts"]))
+        window = (kernel_end(ranked[0][stall.after - 1]), float(ranked[0][stall.after]["ts"]))
     gaps: dict[str, list[float]] = {}
     for rank, ks in enumerate(ranked, 1):
         for k, (a, b) in enumerate(zip(ks, ks[1:], strict=False)):
             if rank == 1 and stall is not None and k == stall.after - 1:
                 continue
-            lo, hi = _end(a), float(b["ts"])
+            lo, hi = kernel_end(a), float(b["ts"])
             gaps.setdefault(f"s{rank}", []).append(hi - lo - max(0.0, min(hi, window[1]) - max(lo, window[0])))
-    span = max(_end(e) for e in launch) - min(float(e["ts"]) for e in launch) - (window[1] - window[0])
+    span = max(kernel_end(e) for e in launch) - min(float(e["ts"]) for e in launch) - (window[1] - window[0])
     return gaps, span
 
 
@@ -222,14 +218,11 @@ def compared(rows: list[tuple[Trace, GraphFigures | None]]) -> list[str]:
             continue
         s1 = (g.gap_us.get("s1"), base.gap_us.get("s1"))
         gap = f"{s1[0]:.2f} vs {s1[1]:.2f} µs" if None not in s1 else "n/a"
-        out.append(f"- {t.path} vs {first.path} (comparable under the profiler): busy {_pct(g.busy_us, base.busy_us)}, "
-                   f"span without the stall {_pct(g.span_us, base.span_us)}, s1 gap {gap}")
+        busy, span = (pct(a / b if b else math.nan, math.nan) for a, b in ((g.busy_us, base.busy_us),
+                                                                            (g.span_us, base.span_us)))
+        out.append(f"- {t.path} vs {first.path} (comparable under the profiler): busy {busy}, "
+                   f"span without the stall {span}, s1 gap {gap}")
     return out
-
-
-def _pct(value: float, base: float) -> str:
-    """A figure against the first trace's, as a signed percentage, or ``n/a`` against zero."""
-    return f"{100 * (value / base - 1):+.2f}%" if base else "n/a"
 
 
 def profiler_lines(trace: Trace) -> list[str]:

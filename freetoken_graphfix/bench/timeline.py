@@ -35,7 +35,7 @@ def graph_launches(kernels: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return sorted(groups, key=lambda ks: float(ks[0]["ts"]))
 
 
-def _end(e: dict[str, Any]) -> float:
+def kernel_end(e: dict[str, Any]) -> float:
     """A kernel's end, in the trace's own unit."""
     return float(e["ts"]) + float(e.get("dur", 0))
 
@@ -50,14 +50,14 @@ def streams(launch: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def stream_gaps(launch: list[dict[str, Any]]) -> list[list[float]]:
     """Per ranked stream, the gaps (µs) between consecutive kernels of one launch."""
-    return [[float(b["ts"]) - _end(a) for a, b in zip(ks, ks[1:], strict=False)] for ks in streams(launch)]
+    return [[float(b["ts"]) - kernel_end(a) for a, b in zip(ks, ks[1:], strict=False)] for ks in streams(launch)]
 
 
 def busy_us(kernels: list[dict[str, Any]]) -> float:
     """Time (µs) at least one of ``kernels`` runs: the union of their intervals."""
     total, until = 0.0, float("-inf")
     for e in sorted(kernels, key=lambda e: float(e["ts"])):
-        start, end = float(e["ts"]), _end(e)
+        start, end = float(e["ts"]), kernel_end(e)
         if end > until:
             total += end - max(start, until)
             until = end
