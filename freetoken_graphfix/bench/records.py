@@ -11,12 +11,19 @@ from __future__ import annotations
 import math
 import platform
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, ClassVar, Union
 
 from .settings import DeadlockSettings, RigSettings
 from .stats import Summary
+
+
+def largest_first(sizes: Iterable[str]) -> list[str]:
+    """A record's batch sizes (its per-bs keys), largest first: the order the workload runs them in."""
+    return sorted(set(sizes), key=lambda bs: -int(bs))
+
 
 SCHEMA = 2  # 1: the records written before kinds and schemas (``record_files.migrate`` reads them)
 

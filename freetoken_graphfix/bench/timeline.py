@@ -16,7 +16,7 @@ import json
 import statistics
 from typing import Any
 
-from .records import TracedBs, TracedRun
+from .records import TracedBs, TracedRun, largest_first
 
 
 def kernel_records(trace_file: str) -> list[dict[str, Any]]:
@@ -115,7 +115,8 @@ def decode_timeline(trace_file: str, launch_bs: list[int]) -> TracedRun:
         if i + 1 < len(launches) and launch_bs[i + 1] == bs:
             rec["steps"].append(kernels[bisect.bisect_left(times, starts[i]):bisect.bisect_left(times, starts[i + 1])])
     by_bs = {}
-    for bs, rec in sorted(per_bs.items(), key=lambda kv: -int(kv[0])):
+    for bs in largest_first(per_bs):
+        rec = per_bs[bs]
         gaps = pooled_gaps(rec["launches"])
         steps = rec["steps"]
         by_bs[bs] = TracedBs(

@@ -23,7 +23,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..arms import ARMS, GATE, aa_pair
-from ..records import EngineCase, EngineProcess, Summary, TracedRun
+from ..records import EngineCase, EngineProcess, Summary, TracedRun, largest_first
 from ..stats import Ratio, cluster_of, clusters, geometric_mean, grouped_ratio, instance_medians, summary
 from . import judge, loop
 from .loop import LoopFigure
@@ -196,11 +196,6 @@ def against_copies(r: EngineProcess) -> dict[str, tuple[float, float]]:
     return out
 
 
-def by_size(values: dict[str, list[tuple[float, int]]]) -> list[str]:
-    """The sizes, largest first: the order the workload runs them in (bs 2, then bs 1)."""
-    return sorted(values, key=lambda bs: -int(bs))
-
-
 def idle_upload(good: list[EngineProcess]) -> dict[str, IdleFigure]:
     """Per bs, the diagnostic from idle: uploaded copies over never-uploaded ones, every process of
     every arm one sample."""
@@ -210,7 +205,7 @@ def idle_upload(good: list[EngineProcess]) -> dict[str, IdleFigure]:
             if not math.isnan(uploaded):
                 per_bs.setdefault(bs, []).append((uploaded, len(r.copies_gpu_ms[bs]["never"])))
     return {bs: IdleFigure(*geometric_mean([u for u, _ in per_bs[bs]]), len(per_bs[bs]), min(n for _, n in per_bs[bs]))
-            for bs in by_size(per_bs)}
+            for bs in largest_first(per_bs)}
 
 
 def idle_own(good: list[EngineProcess]) -> dict[str, IdleFigure]:
@@ -220,7 +215,7 @@ def idle_own(good: list[EngineProcess]) -> dict[str, IdleFigure]:
     for r in good:
         for bs, (own, _) in against_copies(r).items():
             per_bs.setdefault(bs, []).append(own)
-    return {bs: IdleFigure(*geometric_mean(v), len(v)) for bs, v in sorted(per_bs.items(), key=lambda kv: -int(kv[0]))}
+    return {bs: IdleFigure(*geometric_mean(per_bs[bs]), len(per_bs[bs])) for bs in largest_first(per_bs)}
 
 
 def spread(values: list[float | None]) -> tuple[float, float, float] | None:
@@ -237,7 +232,7 @@ def timeline(traced: list[TracedRun]) -> Timeline:
     if not ok:
         return Timeline(0, "; ".join(dict.fromkeys(notes)) or "not traced")
     by_bs = {}
-    for bs in sorted({bs for t in ok for bs in t.by_bs}, key=lambda bs: -int(bs)):
+    for bs in largest_first(bs for t in ok for bs in t.by_bs):
         per = [t.by_bs[bs] for t in ok if bs in t.by_bs]
         streams = sorted({s for f in per for s in f.gap_us}, key=lambda s: int(s[1:]))
         quantiles = {s: [statistics.fmean(q) for q in zip(*qs, strict=True)] for s in streams
@@ -287,7 +282,7 @@ def arm_figures(arm: str, rs: list[EngineProcess], rows: list[ProcessRow], probl
                 traced: list[TracedRun], wait_case: bool, reference: str, expected: set[str]) -> ArmFigures:
     """One arm over its processes (the cross-process ratios are added once the base is known)."""
     good = [r for r in rs if r.ok]
-    sizes = sorted({bs for r in good for bs in r.step_gpu_ms}, key=lambda bs: -int(bs))
+    sizes = largest_first(bs for r in good for bs in r.step_gpu_ms)
     steps = {bs: [x for r in good for x in own_steps(r, "step_gpu_ms", bs)] for bs in sizes}
     step_gpu_ms = {bs: summary(v, (25, 75)) for bs, v in steps.items()}
     first = good[0] if good else None

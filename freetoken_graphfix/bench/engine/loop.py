@@ -22,7 +22,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from ..records import EngineProcess
+from ..records import EngineProcess, largest_first
 from ..stats import t975
 
 METRICS = (("step", "step_gpu_ms", "GPU time per decode step"),
@@ -135,7 +135,7 @@ def combine(effects: list[Effect], which: str) -> LoopFigure | None:
 
 def sizes(runs: list[EngineProcess]) -> list[str]:
     """The batch sizes the runs stepped at, largest first."""
-    return sorted({bs for r in runs for bs in r.step_exec}, key=lambda bs: -int(bs))
+    return largest_first(bs for r in runs for bs in r.step_exec)
 
 
 def in_loop(runs: list[EngineProcess], which: str) -> dict[str, dict[str, LoopFigure]]:

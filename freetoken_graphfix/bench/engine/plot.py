@@ -4,7 +4,7 @@ the run, GPU and host ms, where host modes show as levels a process keeps (or sw
 
 from __future__ import annotations
 
-from ..records import EngineCase
+from ..records import EngineCase, largest_first
 from .figures import EngineFigures, Timeline
 
 
@@ -42,7 +42,7 @@ def plot(case: EngineCase, figures: EngineFigures, path: str) -> str:
             good = [r for r in rs if r.ok]
             for r in good:
                 series = getattr(r, key)
-                values = [v for bs in sorted(series, key=lambda b: -int(b)) for v in series[bs]]
+                values = [v for bs in largest_first(series) for v in series[bs]]
                 ax.plot(values, color=colours[arm], linewidth=0.6, alpha=0.7, label=arm if r is good[0] else None)
         ax.set_ylabel(label)
         ax.set_xlabel("decode step of the process (bs 2, then bs 1)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..records import EngineCase
+from ..records import EngineCase, largest_first
 from ..timeline import first_streams
 from ..verdicts import REPORTERS_CHECK
 from . import detail
@@ -52,7 +52,7 @@ def header(case: EngineCase, figures: EngineFigures) -> list[str]:
 
 def fmt_ms(per_bs: dict[str, float]) -> str:
     """Figures per bs in the workload's order (largest first), two decimals."""
-    return " ".join(f"{v:.2f}" for _, v in sorted(per_bs.items(), key=lambda kv: -int(kv[0])))
+    return " ".join(f"{per_bs[bs]:.2f}" for bs in largest_first(per_bs))
 
 
 def arm_table(figures: EngineFigures) -> list[str]:

@@ -30,7 +30,7 @@ from typing import Any
 from ..arms import arm_env, patched_freetoken
 from ..cases import Case
 from ..record_files import RecordError, build
-from ..records import EngineCase, EngineProcess, Environment, TracedRun
+from ..records import EngineCase, EngineProcess, Environment, TracedRun, largest_first
 from ..running import progress, rotated
 from ..settings import EngineSettings
 from ..timeline import decode_timeline
@@ -133,6 +133,6 @@ def one_line(r: EngineProcess) -> str:
     if r.launch_bs:
         return f"traced {len(r.launch_bs)} graph launches"
     replay = {bs: round(statistics.median(v), 4) for bs, v in r.replay_gpu_ms.items() if v}
-    first = " ".join(f"{v:.2f}" for _, v in sorted(r.first_launch_ms.items(), key=lambda kv: -int(kv[0])))
+    first = " ".join(f"{r.first_launch_ms[bs]:.2f}" for bs in largest_first(r.first_launch_ms))
     return (f"fires {len(r.fires)}, first launch {first} ms, replay GPU median {replay} ms, "
             f"hash {r.token_hash}, build {r.build_s:.1f} s")
