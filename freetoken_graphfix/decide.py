@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from .config import Mode
 from .detect import Wait
 
+NO_WAIT = "no host-released WAIT"  # a graph that needs nothing: the reason of every no-op
+
 
 class Action(str, enum.Enum):
     """What the shim does in place of FreeToken's ``_upload_graph`` for one graph."""
@@ -41,7 +43,7 @@ def decide(mode: Mode, waits: Sequence[Wait], *, defer_unavailable: str | None =
         return Decision(Action.UPLOAD, "FT_GRAPH_UPLOAD=upload")
     exposed = [w for w in waits if w.after_launch]
     if not exposed:
-        return Decision(Action.NOOP, "no host-released WAIT")
+        return Decision(Action.NOOP, NO_WAIT)
     kinds = ", ".join(sorted({w.kind for w in exposed}))
     if mode is Mode.SKIP:
         return Decision(Action.EXPOSED, f"{kinds}: first launch can deadlock")

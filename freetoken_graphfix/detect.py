@@ -27,6 +27,7 @@ from typing import Any
 from .compat import PLE_MODULE
 
 ENGRAM_MODULE = "freetoken.models.deepseek_v41.engram_table"
+PLE_KIND = "PLE wait-sync"  # the WAIT the upload was added for: how decisions and reports name it
 
 
 class Release(str, enum.Enum):
@@ -73,8 +74,8 @@ def known_owner(owner: Any) -> tuple[str, Release, bool] | None:
             # stands in for it there, unless something else already shadows it on the instance.
             shadow = vars(owner).get("host_fill_batch")
             deferrable = shadow is None or getattr(shadow, "graphfix_stager", False)
-            return "PLE wait-sync", Release.AFTER_LAUNCH, deferrable
-        return "PLE wait-sync (ple-fill worker)", Release.BEFORE_LAUNCH, False
+            return PLE_KIND, Release.AFTER_LAUNCH, deferrable
+        return f"{PLE_KIND} (ple-fill worker)", Release.BEFORE_LAUNCH, False
     engram = _class_from(ENGRAM_MODULE, "EngramDiskTable")
     if engram is not None and isinstance(owner, engram):
         return "Engram wait-sync", Release.BEFORE_LAUNCH, False

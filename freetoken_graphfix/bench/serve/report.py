@@ -7,14 +7,14 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from ...decide import NO_WAIT
+from ...detect import PLE_KIND
 from ..arms import ARMS
 from ..records import ServeCase, ServeRun
 from ..workload import SINGLE
 
 NEGATIVE = ("skip",)  # unprotected: with a WAIT the first decode may deadlock, never answering
 REQUESTS = 12  # single x2 and the pair x2, before and after the rebuild
-WAIT_REASON = "PLE wait-sync"  # how the shim names a graph holding the host-released WAIT
-NO_WAIT_REASON = "no host-released WAIT"  # and one without
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,9 @@ def wait_case_of(case: ServeCase) -> bool:
     """Whether the model's decode graphs hold a host-released WAIT: what the shim's capture passes
     said in the shim arms' schedulers, or the model's config where no shim arm recorded a pass."""
     reasons = [reason for run in case.runs.values() for p in run.passes for reason in p.reasons]
-    if any(WAIT_REASON in reason for reason in reasons):
+    if any(PLE_KIND in reason for reason in reasons):
         return True
-    return False if any(NO_WAIT_REASON in reason for reason in reasons) else case.expects_wait  # upload's name none
+    return False if any(NO_WAIT in reason for reason in reasons) else case.expects_wait  # upload's name none
 
 
 def judge(case: ServeCase) -> ServeVerdict:
