@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from ..arms import ARMS
 from ..stats import Ratio
 from ..verdicts import COSTS, FASTER, judged, pct, worst
 from .answer import control_reading, judged_at
@@ -17,12 +18,16 @@ NOT_JUDGED = "not judged: the positive control was not recovered"
 LAUNCH_PATH = "the engine's own launch path against the copies' (never uploaded either): not the upload"
 AS_CONTROL = "as {}'s own graph, never uploaded: the engine's own launch path, not the upload"
 SHORT = {"step": "decode step", "launch": "graph launch"}
-UPLOADED_AT_CAPTURE = ("upstream", "upload", "gate")  # FreeToken's _upload_graph (gate: upstream, fill before launch)
 NO_AA = "not judged: no A/A control in this run ({})"
 IDLE_ONLY = "from idle only; in the decode loop: {}"
 
 
 # ---------------------------------------------------------------- inside one process's decode loop
+
+def uploaded_at_capture(arm: str) -> bool:
+    """Whether FreeToken's own upload ran on the arm's graphs at capture (the arms registry's word)."""
+    return arm in ARMS and ARMS[arm].uploaded_at_capture
+
 
 def loop_parts(figures: dict[str, dict[str, LoopFigure]], metric: str) -> tuple[list[str], list[str]]:
     """Per bs, the in-loop ratio with its band (and the processes' own spread where there are several), and each one's
@@ -55,11 +60,11 @@ def own_graph_verdicts(figures: EngineFigures) -> dict[str, tuple[str, str]]:
                 verdicts += v
         if parts:
             found[arm] = ("; ".join(parts), worst(verdicts))
-    controls = {arm: v for arm, (_, v) in found.items() if arm not in UPLOADED_AT_CAPTURE}
+    controls = {arm: v for arm, (_, v) in found.items() if not uploaded_at_capture(arm)}
     out = {}
     for arm, (parts, v) in found.items():
         if v in (COSTS, FASTER):
-            if arm not in UPLOADED_AT_CAPTURE:
+            if not uploaded_at_capture(arm):
                 v = LAUNCH_PATH
             elif same := [c for c, cv in controls.items() if cv == v]:
                 v = AS_CONTROL.format(same[0])
@@ -90,7 +95,7 @@ def in_loop_lines(figures: EngineFigures) -> list[str]:
                  f"  positive control (a spin of known GPU time after two more never-uploaded copies, in the same "
                  f"cycle): {'; '.join(got)}: {conclusion}")
     for arm, (parts, verdict) in own_graph_verdicts(figures).items():
-        what = "uploaded at capture" if arm in UPLOADED_AT_CAPTURE else "not uploaded at capture: a control"
+        what = "uploaded at capture" if uploaded_at_capture(arm) else "not uploaded at capture: a control"
         lines.append(f"  {arm}'s own graph ({what}) over its never-uploaded copies: {parts}: {verdict}")
     return lines
 
