@@ -8,7 +8,7 @@ never reaches. The environment does reach them, and so does a ``.pth`` in site-p
 only when ``FT_GRAPH_UPLOAD`` is set, and the package arms the install here. Most processes of the
 environment (pip, tokenizer workers, scripts) never import FreeToken, so this module imports nothing
 but ``os`` and ``sys`` and is the only one the package loads at start-up: the install side
-(``hooks``) is imported by the callback the package passes to :func:`arm`, once FreeToken's graph
+(``shim``) is imported by the callback the package passes to :func:`arm`, once FreeToken's graph
 module is imported. wrapt's own post-import hook would import ``asyncio`` and
 ``importlib.metadata`` (about 30 ms): :func:`when_imported` does the same job with ``sys`` alone.
 """

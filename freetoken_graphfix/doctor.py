@@ -169,7 +169,7 @@ def _short_check(line: Line) -> int:
     if not torch.cuda.is_available():
         line("short check", "skipped: no CUDA device")
         return 0
-    from .bench import deadlock
+    from .bench.rig import deadlock
 
     check = deadlock.short_check()
     for key, value in check.lines:

@@ -1,6 +1,6 @@
 """One arm of ``bench engine``: FreeToken's real offline engine in this fresh process.
 
-Run by path (``python engine_child/main.py SPEC.json``), never imported, and it imports nothing of
+Run by path (``python child/main.py SPEC.json``), never imported, and it imports nothing of
 freetoken_graphfix: the shim must reach this process the way it reaches a user's engine, through
 its ``.pth`` bootstrap and ``FT_GRAPH_UPLOAD``. Its sibling modules (``child_*.py``) come from this
 file's own directory, which Python puts first on ``sys.path``. The engine is built from FreeToken's
