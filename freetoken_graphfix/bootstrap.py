@@ -135,14 +135,14 @@ def would_activate(value: str | None) -> tuple[bool, str]:
         return False, f"{PTH_NAME} not found in {site_dirs()}: reinstall freetoken-graphfix"
     if sys.flags.no_site:
         return False, "python -S: site (and every .pth) is disabled"
-    if not value:  # the .pth's own test: any non-empty value arms it (blank ones mean auto)
+    if value is None:  # the .pth's own test: set to anything but an off value arms it (empty means auto)
         return False, f"{config.ENV_MODE} is unset (the .pth only acts when it is set)"
+    if value.strip().lower() in config.OFF_VALUES:  # the .pth then imports nothing at all
+        return False, f"{config.ENV_MODE}={value!r}: shim disabled, FreeToken keeps its own upload"
     try:
         mode = config.parse_mode(value)
     except Exception as exc:
         return False, str(exc)
-    if mode is config.Mode.OFF:
-        return False, f"{config.ENV_MODE}={value!r}: shim disabled, FreeToken keeps its own upload"
     return True, f"{config.ENV_MODE}={value!r} -> mode {mode.value}"
 
 
@@ -181,12 +181,21 @@ def discard(name: str, hook: Callable[[ModuleType], None]) -> None:
         hooks.remove(hook)
     if not hooks:
         _hooks.pop(name, None)
+    _leave_when_idle()
 
 
 def _fire(module: ModuleType) -> None:
     """Run and forget the hooks waiting for ``module``: each fires once, the first time the module is executed."""
     for hook in _hooks.pop(module.__name__, []):
         hook(module)
+    _leave_when_idle()
+
+
+def _leave_when_idle() -> None:
+    """Take the finder out of ``sys.meta_path`` once no hook waits: every later import of the process
+    would pass through it for nothing."""
+    if not _hooks:
+        sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _Finder)]
 
 
 class _Finder:

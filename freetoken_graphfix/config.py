@@ -63,7 +63,7 @@ def parse_mode(value: str | None, *, source: str = ENV_MODE) -> Mode:
 
 
 def env_value() -> str | None:
-    """``FT_GRAPH_UPLOAD`` as set, ``None`` when unset or empty (both mean ``auto``, and neither
-    arms the ``.pth``)."""
+    """``FT_GRAPH_UPLOAD`` as set, ``None`` when unset or empty (both mean ``auto``; the ``.pth``
+    arms the shim for an empty one, not for an unset one)."""
     value = os.environ.get(ENV_MODE)
     return value if value and value.strip() else None

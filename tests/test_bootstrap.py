@@ -43,7 +43,7 @@ def test_pth_is_installed_in_site_packages():
     ("auto", [True, "FunctionWrapper"]),
     ("warm", [True, "FunctionWrapper"]),
     (None, [False, "function"]),
-    ("off", [True, "function"]),
+    ("off", [False, "function"]),  # off: the .pth imports nothing
 ])
 def test_spawned_child(value, expected, monkeypatch):
     monkeypatch.delenv("FT_GRAPH_UPLOAD", raising=False)
@@ -60,8 +60,8 @@ def test_spawned_child(value, expected, monkeypatch):
 
 
 @pytest.mark.parametrize("value, expected", [
-    ("auto", "True FunctionWrapper"), (None, "False function"), ("0", "True function"),
-    ("FALSE", "True function"), (" Deferred ", "True FunctionWrapper"),
+    ("auto", "True FunctionWrapper"), (None, "False function"), ("0", "False function"),
+    ("FALSE", "False function"), (" Deferred ", "True FunctionWrapper"), ("", "True FunctionWrapper"),
 ])
 def test_subprocess_child(value, expected):
     out = subprocess.run([sys.executable, "-c", CHILD], env=child_env(value), capture_output=True, text=True,
@@ -86,7 +86,7 @@ def test_bad_value_is_one_line_where_freetoken_runs():
                              "(its own upload)")
 
 
-@pytest.mark.parametrize("value", ["auto", "off", "bogus"])
+@pytest.mark.parametrize("value", ["auto", "bogus"])
 def test_armed_start_up_imports_nothing_heavy(value):
     """With the variable set and FreeToken never imported, start-up imports the package and its
     bootstrap module and nothing else: no wrapt, logging, enum or typing (measured: bench startup)."""
@@ -103,7 +103,56 @@ def test_bootstrap_spells_the_variable_as_config_does():
 
     assert bootstrap.ENV_MODE == config.ENV_MODE
     pth = (Path(__file__).resolve().parents[1] / "freetoken_graphfix" / "_bootstrap.pth").read_text()
-    assert f'os.environ.get("{config.ENV_MODE}")' in pth
+    off = ", ".join(f'"{value}"' for value in config.OFF_VALUES)
+    assert f'os.environ.get("{config.ENV_MODE}", "off").strip().lower() not in ({off})' in pth
+
+
+@pytest.mark.parametrize("value", ["off", " OFF ", "0", "false"])
+def test_off_imports_nothing_and_leaves_no_finder(value):
+    """Off: FreeToken imports as shipped and nothing of the package is loaded, no import hook left behind."""
+    code = ("import sys, freetoken.engine.graph as g\n"
+            "print(g._upload_graph.__module__, sorted(m for m in sys.modules if m.startswith('freetoken_graphfix')),"
+            " [type(f).__name__ for f in sys.meta_path if type(f).__name__ == '_Finder'])")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(value), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.split() == ["freetoken.engine.graph", "[]", "[]"]
+
+
+@pytest.mark.parametrize("value", ["auto", "bogus"])
+def test_the_import_hook_leaves_once_freetoken_is_imported(value):
+    """Armed (or armed with a bad value, which says so in one line): once FreeToken's graph module is imported the
+    finder has nothing left to wait for, and later imports no longer pass through it."""
+    code = ("import sys, freetoken.engine.graph, freetoken.kernel.row_store\n"  # the two modules the shim waits for
+            "print([type(f).__name__ for f in sys.meta_path if type(f).__name__ == '_Finder'])")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(value), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def test_an_empty_variable_arms_auto_as_the_readme_says():
+    """Empty means auto: the .pth arms the shim, doctor says so, and the graph module is patched."""
+    code = "import freetoken.engine.graph, freetoken_graphfix as f; print(f.status()['patched'], f.status()['mode'])"
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(""), capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "auto"], out.stderr
+    doctor = run_cli("doctor", "--no-bench", env=child_env(""))
+    lines = dict(line.strip().split(": ", 1) for line in doctor.stdout.splitlines() if ": " in line)
+    assert lines["FT_GRAPH_UPLOAD"] == "'' (mode auto)"
+    assert lines["shim in new processes"] == "installed: FT_GRAPH_UPLOAD='' -> mode auto"
+
+
+def test_a_package_that_fails_in_start_prints_one_line(tmp_path):
+    """A shadowing or half-removed package whose bootstrap has no working start(): one line, no traceback, in every
+    process of the environment (the whole .pth body is in its one guarded call)."""
+    broken = tmp_path / "freetoken_graphfix"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("")
+    (broken / "bootstrap.py").write_text("")  # start() is gone
+    env = child_env("auto")
+    env["PYTHONPATH"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", "print('alive')"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "alive\n"
+    assert out.stderr.strip().splitlines() == [
+        "freetoken_graphfix: bootstrap not loaded: AttributeError(\"module 'freetoken_graphfix.bootstrap' has no "
+        "attribute 'start'\")"]
 
 
 def test_import_error_prints_one_line_and_the_child_runs(tmp_path):
