@@ -22,3 +22,7 @@ def shown(value: object, limit: int = 60) -> str:
     said: a 5,000-character value must not flood the one line."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"
+
+
+class UnsafePathError(GraphfixError):
+    """A path the package would write through is not safe to write: a link, another user's folder."""

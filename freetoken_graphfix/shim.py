@@ -38,7 +38,7 @@ from .compat import GRAPH_MODULE, UPLOAD_SEAM, check, freetoken_version
 from .config import Mode
 from .deferred import FirstLaunchGuard
 from .device import CudaDevice, Device
-from .errors import ConfigError
+from .errors import ConfigError, UnsafePathError
 from .status_record import DeferredGuard, FreeTokenFound, Status
 
 logger = logging.getLogger("freetoken_graphfix")
@@ -257,7 +257,7 @@ def _on_capture_graphs(wrapped: Callable[..., Any], instance: Any, args: tuple, 
         if directory:
             try:
                 status_record.write(status(), directory)
-            except OSError as exc:  # a tool's request: never the engine's failure
+            except (OSError, UnsafePathError) as exc:  # a tool's request: never the engine's failure
                 logger.warning("could not write the status to %s=%r: %s", config.ENV_STATUS_DIR, directory, exc)
 
 

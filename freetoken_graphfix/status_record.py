@@ -100,13 +100,13 @@ def unavailable(why: str) -> Status:
 
 
 def write(status: Status, directory: str) -> str:
-    """``status`` as JSON in ``directory``, replacing this process's previous one atomically."""
-    os.makedirs(directory, exist_ok=True)
+    """``status`` as JSON in ``directory`` (this user's alone: ``safe_files.private_dir``), replacing this
+    process's previous one atomically, through a file no other user could have planted."""
+    from . import safe_files
+
+    safe_files.private_dir(directory, "FT_GRAPHFIX_STATUS_DIR")
     path = os.path.join(directory, f"freetoken_graphfix-{status.pid}.json")
-    staged = f"{path}.{os.getpid()}.tmp"
-    with open(staged, "w", encoding="utf-8") as fh:
-        json.dump(status.as_dict(), fh)
-    os.replace(staged, path)
+    safe_files.write_text(path, json.dumps(status.as_dict()), mode=0o600)
     return path
 
 
@@ -117,6 +117,15 @@ def read_all(directory: str) -> list[Status]:
     found = []
     for name in sorted(os.listdir(directory)):
         if name.startswith("freetoken_graphfix-") and name.endswith(".json"):
-            with open(os.path.join(directory, name), encoding="utf-8") as fh:
-                found.append(Status.from_dict(json.load(fh)))
+            path = os.path.join(directory, name)
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    found.append(Status.from_dict(json.load(fh)))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise StatusFileError(f"{path}: not a status this package wrote ({type(exc).__name__}: {exc})") \
+                    from None
     return sorted(found, key=lambda s: s.pid)
+
+
+class StatusFileError(ValueError):
+    """A file in the status folder that is not a whole status: one line naming it, never a traceback."""

@@ -23,6 +23,10 @@ def test_bench_help_lists_its_subcommands(capsys):
     assert "_probe" not in out  # the first-launch matrix's child is no benchmark of the user's
 
 
+PRIVATE = "accepted values: a directory this user owns that no one else can write (made 0700 when missing)"
+NEW_OR_REGULAR = "accepted values: a new path or a regular file, in an existing writable directory"
+
+
 @pytest.mark.parametrize("argv, line", [
     (["serve", "--rounds", "2"], "unrecognized arguments: --rounds 2"),
     (["engine", "--no-wait"], "unrecognized arguments: --no-wait"),
@@ -81,24 +85,35 @@ def test_plot_without_matplotlib_is_refused_before_anything_runs(monkeypatch, ca
 
 
 @pytest.mark.parametrize("argv, line", [
-    (["engine", "--logs", ""], "--logs '': an empty path; accepted values are a directory (made if missing)"),
-    (["engine", "--logs", "{file}"], "is not a directory; accepted values are a directory (made if missing)"),
-    (["engine", "--logs", "/proc/x/y"], "cannot be made here; accepted values are a directory (made if missing)"),
+    (["engine", "--logs", ""], "--logs '': an empty path; " + PRIVATE),
+    (["engine", "--logs", "{file}"], "not a directory; " + PRIVATE),
+    (["engine", "--logs", "/proc/x/y"], "cannot be made (No such file or directory); " + PRIVATE),
+    (["engine", "--logs", "{shared}"], "writable by others (mode 1777); " + PRIVATE),
+    (["engine", "--logs", "{link}"], "a symbolic link; " + PRIVATE),
+    (["rig", "--json", "{link}"], "a symbolic link; " + NEW_OR_REGULAR),
+    (["rig", "--json", "{dangling}"], "a symbolic link; " + NEW_OR_REGULAR),
+    (["rig", "--markdown", "{fifo}"], "not a regular file; " + NEW_OR_REGULAR),
     (["write-model", "{dir}", "--layers", "2", "3"], "unrecognized arguments: 3"),
     (["write-model", "", "--family", "llama"], "write-model '': accepted values are a new or empty directory"),
 ])
 def test_bad_paths_and_sizes_are_one_line_before_anything_runs(argv, line, tmp_path, capsys, monkeypatch):
     (tmp_path / "file").write_text("x")
+    (tmp_path / "shared").mkdir(mode=0o1777)
+    os.chmod(tmp_path / "shared", 0o1777)  # /tmp's mode: anyone may plant a name there
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(tmp_path / "fifo")
     monkeypatch.setattr(cli, "cuda_missing", lambda: pytest.fail("got as far as the GPU"))
     monkeypatch.chdir(tmp_path)
-    argv = [a.format(file=tmp_path / "file", dir=tmp_path / "model") for a in argv]
+    argv = [a.format(file=tmp_path / "file", dir=tmp_path / "model", shared=tmp_path / "shared",
+                     link=tmp_path / "link", dangling=tmp_path / "dangling", fifo=tmp_path / "fifo") for a in argv]
     try:
         code = cli.main(argv)
     except SystemExit as exc:
         code = exc.code
     last = capsys.readouterr().err.splitlines()[-1]
     assert code == 2 and "bench " in last and ": error: " in last and last.endswith(line), last
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "fifo", "file", "link", "shared"]  # nothing new
 
 
 def test_an_empty_prompt_file_is_refused_not_the_default_text():

@@ -304,7 +304,7 @@ def do_models(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
     if why:
         return error(say, why)
     log_dir = opts.logs or tempfile.mkdtemp(prefix=f"graphfix-{opts.bench}-")
-    os.makedirs(log_dir, exist_ok=True)  # --logs: made if missing (checked it can be, before anything ran)
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)  # --logs: checked private (or made so) before anything ran
     if opts.bench == "serve":
         from .serve.run import serve_case
 

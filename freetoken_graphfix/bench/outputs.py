@@ -5,44 +5,34 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
+from .. import safe_files
+from ..errors import UnsafePathError
 from . import record_files, records
 from .reports import Report
 from .settings import Outputs
 
-WRITABLE = "accepted values are a file path in an existing, writable directory"
-
 
 def check_writable(path: str | None, option: str) -> str | None:
-    """Why an output file could not be written at the end of a run, in one line; ``None`` when it can."""
-    if path is None:
-        return None
-    folder = os.path.dirname(os.path.abspath(path)) if path else ""
-    if not path or os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        return f"{option} {path!r}: cannot be written; {WRITABLE}"
-    if os.path.exists(path):
-        try:
-            with open(path, "a"):  # opened for appending, never written: the file is left as it is
-                pass
-        except OSError as exc:
-            return f"{option} {path!r}: cannot be written ({exc.strerror}); {WRITABLE}"
-    return None
+    """Why an output file could not be written at the end of a run, in one line; ``None`` when it can. Checked
+    without opening it: a FIFO named as ``--json`` must not hang the check."""
+    return None if path is None else safe_files.output_refused(path, option)
 
 
 def logs_unusable(logs: str | None) -> str | None:
-    """``--logs DIR`` that cannot hold the logs: refused before a run, not a traceback after its start."""
-    accepted = "accepted values are a directory (made if missing)"
+    """``--logs DIR`` that cannot hold the logs safely, refused before a run: made ``0700`` if missing, else this
+    user's own and writable by no one else (a child reads back a spec written there)."""
     if logs is None:
         return None
     if not logs:
-        return f"--logs '': an empty path; {accepted}"
-    if os.path.exists(logs) and not os.path.isdir(logs):
-        return f"--logs {logs!r} is not a directory; {accepted}"
-    parent = os.path.dirname(os.path.abspath(logs))
-    if not os.path.isdir(logs) and not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
-        return f"--logs {logs!r}: cannot be made here; {accepted}"
-    if os.path.isdir(logs) and not os.access(logs, os.W_OK):
-        return f"--logs {logs!r}: not writable; {accepted}"
+        return f"--logs '': an empty path; {safe_files.PRIVATE}"
+    try:
+        safe_files.private_dir(logs, "--logs")
+    except UnsafePathError as exc:
+        return str(exc)
+    if not os.access(logs, os.W_OK | os.X_OK):
+        return f"--logs {logs!r}: not writable; {safe_files.PRIVATE}"
     return None
 
 
@@ -53,7 +43,7 @@ def write_outputs(outputs: Outputs, record: records.Record, report: Report) -> b
     if report.markdown is not None:
         jobs.append(("--markdown", outputs.markdown, lambda path: _write_text(path, report.markdown(outputs.verbose))))
     if report.plot is not None:
-        jobs.append(("--plot", outputs.plot, lambda path: print(report.plot(path))))
+        jobs.append(("--plot", outputs.plot, lambda path: _write_plot(path, report.plot)))
     ok = True
     for option, path, job in jobs:
         if path:
@@ -66,6 +56,12 @@ def write_outputs(outputs: Outputs, record: records.Record, report: Report) -> b
 
 
 def _write_text(path: str, text: str) -> None:
-    """Write a report as UTF-8 whatever the locale: the reports hold ``±`` and ``µ``."""
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    """Write a report as UTF-8 whatever the locale (the reports hold ``±`` and ``µ``), never through a link."""
+    safe_files.write_text(path, text)
+
+
+def _write_plot(path: str, plot: Callable[[str], str]) -> None:
+    """The plot drawn into a fresh file beside ``path``, then moved onto it; its line says ``path``."""
+    with safe_files.staged(path) as temporary:
+        said = plot(temporary)
+    print(said.replace(temporary, path))

@@ -16,6 +16,7 @@ import types
 import typing
 from typing import Any, Union
 
+from .. import safe_files
 from .records import KINDS, SCHEMA, Record
 
 ACCEPTED = "accepted values are a record a bench --json wrote (" + ", ".join(KINDS) + ")"
@@ -33,8 +34,7 @@ def to_data(record: Record) -> dict[str, Any]:
 
 def write(path: str, record: Record) -> None:
     """A record as strict JSON (no NaN: ``to_data`` turns them into null), readable by any JSON tool."""
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(to_data(record), fh, indent=1, allow_nan=False)
+    safe_files.write_text(path, json.dumps(to_data(record), indent=1, allow_nan=False))
 
 
 def finite(value: Any) -> Any:

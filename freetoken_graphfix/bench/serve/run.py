@@ -158,8 +158,11 @@ def run_arm(arm: str, model_dir: str, ft_args: list[str], texts: dict[str, str],
     finally:
         rec.hung = sum(r.hung for r in rec.requests)
         stop(proc, rec)
-        rec.passes = [ShimPass(st.pid, p.index, [g.action for g in p.graphs], [g.reason for g in p.graphs])
-                      for st in status_record.read_all(status_dir) for p in st.passes]
+        try:
+            rec.passes = [ShimPass(st.pid, p.index, [g.action for g in p.graphs], [g.reason for g in p.graphs])
+                          for st in status_record.read_all(status_dir) for p in st.passes]
+        except status_record.StatusFileError as exc:
+            rec.error = rec.error or str(exc)
     return rec
 
 
