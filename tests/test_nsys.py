@@ -141,6 +141,11 @@ def test_a_graph_without_a_stall_has_none(tmp_path, monkeypatch):
      "row 3: a second header (two traces in one file?)"),
     (",".join(COLUMNS) + "\nStart,1000,5,,,,,,,,,,,,,,0,1,,7,k\n", "row 2: 'Start' / '1000' is no start and duration"),
     (",".join(COLUMNS) + "\n1,1000,5,7,k\n", "row 2: 5 fields for the header's 21"),
+    (",".join(COLUMNS) + "\nnan,1000,5,,,,,,,,,,,,,,0,1,,7,k\n", "row 2: 'nan' / '1000' is no start and duration"),
+    (",".join(COLUMNS) + "\n1,inf,5,,,,,,,,,,,,,,0,1,,7,k\n", "row 2: '1' / 'inf' is no start and duration"),
+    (",".join(COLUMNS) + "\n1,-3,5,,,,,,,,,,,,,,0,1,,7,k\n", "row 2: '1' / '-3' is no start and duration"),
+    (",".join(COLUMNS) + '\n1,1000,5,,,,,,,,,,,,,,0,1,,7,"' + "k" * 200_000 + '"\n',
+     "row 2: field larger than field limit (131072) (nothing in a trace is that long)"),
 ])
 def test_a_file_that_is_no_such_trace_is_refused_in_one_line_naming_it(tmp_path, capsys, text, why):
     path = tmp_path / "x.csv"
@@ -172,6 +177,32 @@ def real_trace(tmp_path, build: str, preamble: bool = False) -> str:
     with gzip.open(TRACES / f"ft-{build}_cuda_gpu_trace.csv.gz", "rt") as fh:
         path.write_text(("\n".join(PREAMBLE) + "\n" if preamble else "") + fh.read())
     return str(path)
+
+
+def test_the_shipped_gzipped_traces_read_as_they_are(tmp_path):
+    """A ``.gz`` trace is read gunzipped on the fly, to the same figures as the plain file."""
+    assert nsys.read(str(TRACES / "ft-auto_cuda_gpu_trace.csv.gz")).graphs == nsys.read(
+        real_trace(tmp_path, "auto")).graphs
+
+
+def test_a_large_trace_is_read_as_a_stream(tmp_path, monkeypatch):
+    """The file is never read whole: the reader gets an object that gives lines one at a time and nothing else."""
+    class LinesOnly:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __iter__(self):
+            return iter(self.fh)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    opened = nsys._opened
+    monkeypatch.setattr(nsys, "_opened", lambda path: LinesOnly(opened(path)))
+    assert nsys.read(real_trace(tmp_path, "upstream")).graphs[0].kernels == 1768
 
 
 @pytest.mark.parametrize("build", ["upstream", "auto"])

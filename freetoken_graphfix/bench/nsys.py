@@ -20,11 +20,12 @@ from launch to launch are not, and the cost of the upload is read unprofiled (``
 from __future__ import annotations
 
 import csv
-import io
+import gzip
 import math
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from .timeline import busy_us, first_streams, graph_launches, kernel_end, stream_gaps, streams
 from .verdicts import pct
@@ -84,29 +85,51 @@ def read(path: str) -> Trace:
 
 
 def kernels(path: str) -> list[dict[str, Any]]:
-    """The trace's kernel rows as kernel records (µs); memory copies and sets are left out."""
+    """The trace's kernel rows as kernel records (µs); memory copies and sets are left out. The file is read
+    as a stream, line by line (gunzipped on the fly where its name ends in ``.gz``): a 100 MB trace is never
+    held whole."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except (OSError, UnicodeError) as exc:
+        with _opened(path) as fh:
+            return sorted(_rows(path, fh), key=lambda e: e["ts"])
+    except (OSError, UnicodeError, EOFError) as exc:
         raise TraceError(f"{path!r} cannot be read ({getattr(exc, 'strerror', None) or exc}); {ACCEPTED}") from None
-    start = next((i for i, line in enumerate(lines) if line.lstrip('"').startswith("Start (ns)")), None)
-    if start is None:
+
+
+def _opened(path: str) -> TextIO:
+    """``path`` as text, gunzipped on the fly for a ``.gz``."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def _rows(path: str, fh: TextIO) -> Iterator[dict[str, Any]]:
+    """Kernel records from the table that starts at the header row (nsys's preamble lines skipped) and ends at
+    the first blank row (its stdout may go on with another report)."""
+    number, line = 0, ""
+    for number, line in enumerate(fh, 1):  # noqa: B007  (the header's row number is said in errors)
+        if line.lstrip('"').startswith("Start (ns)"):
+            break
+    else:
         raise TraceError(f"{path!r}: no header row (\"Start (ns)\",...) in it; {ACCEPTED}")
-    reader = csv.reader(io.StringIO("\n".join(lines[start:])))
-    header = next(reader)
+    header = next(csv.reader([line]))
     missing = [c for c in COLUMNS.values() if c not in header]
     if missing:
-        raise TraceError(f"{path!r} row {start + 1}: no column {', '.join(map(repr, missing))}; {ACCEPTED}")
+        raise TraceError(f"{path!r} row {number}: no column {', '.join(map(repr, missing))}; {ACCEPTED}")
     at = {key: header.index(name) for key, name in COLUMNS.items()}
-    out = []
-    for number, row in enumerate(reader, start + 2):
-        if not row:
-            break  # the table ends (stdout may go on with another report)
-        out += _kernel(path, number, row, header, at)
-    if not out:
+    reader = csv.reader(fh)
+    found = False
+    try:
+        for row in reader:
+            if not row:
+                break
+            for kernel in _kernel(path, number + reader.line_num, row, header, at):
+                found = True
+                yield kernel
+    except csv.Error as exc:
+        raise TraceError(f"{path!r} row {number + reader.line_num}: {exc} (nothing in a trace is that long); "
+                         f"{ACCEPTED}") from None
+    if not found:
         raise TraceError(f"{path!r}: a header and no kernel row; {ACCEPTED}")
-    return sorted(out, key=lambda e: e["ts"])
 
 
 def _kernel(path: str, number: int, row: list[str], header: list[str], at: dict[str, int]) -> list[dict[str, Any]]:
@@ -119,9 +142,11 @@ def _kernel(path: str, number: int, row: list[str], header: list[str], at: dict[
         return []
     try:
         start, duration = float(row[at["start"]]) / 1e3, float(row[at["duration"]]) / 1e3
+        if not (math.isfinite(start) and math.isfinite(duration) and start >= 0 and duration >= 0):
+            raise ValueError
     except ValueError:
         raise TraceError(f"{path!r} row {number}: {row[at['start']]!r} / {row[at['duration']]!r} is no start and "
-                         f"duration in ns; {ACCEPTED}") from None
+                         f"duration in ns (finite, not negative); {ACCEPTED}") from None
     args = {"stream": row[at["stream"]], "correlation": row[at["correlation"]]}
     return [{"ts": start, "dur": duration, "args": args}]
 
