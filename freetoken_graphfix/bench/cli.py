@@ -255,7 +255,7 @@ def error(say: str, why: str) -> int:
 def finish(opts: argparse.Namespace, record: records.Record, report: Report | None = None) -> int:
     """A finished run's (or a read record's) report printed, its files written; exit 1 where it failed."""
     report = report or report_of(record)
-    print(report.text)
+    print(report.text or "\n".join(report.failures))
     outputs = Outputs(opts.json, getattr(opts, "markdown", None), getattr(opts, "plot", None),
                       getattr(opts, "verbose", False))
     written = write_outputs(outputs, record, report)
@@ -332,16 +332,33 @@ def do_report(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
     """A saved record judged again: refused first where an option asks for what its kind lacks."""
     try:
         record = record_files.read(opts.record)
+        report = report_of(record)
     except record_files.RecordError as exc:
         return error(say, str(exc))
-    report = report_of(record)
+    except DAMAGED as exc:
+        return error(say, damaged(opts.record, exc))
     if opts.verbose and not report.has_detail:
         return error(say, f"--verbose: a {report.kind} record has no detail beyond its report; it is for engine "
                           "records")
     for option in ("markdown", "plot"):
         if getattr(opts, option) is not None and getattr(report, option) is None:
             return error(say, f"--{option}: a {report.kind} record has none; it is for the rig and engine records")
-    return finish(opts, record, report)
+    try:
+        return finish(opts, record, report)
+    except DAMAGED as exc:  # --markdown and --plot are drawn only now
+        return error(say, damaged(opts.record, exc))
+
+
+# What reading figures out of a record that is JSON, of a known kind, but damaged can raise: a field emptied,
+# retyped, set to NaN or zero. Every one is a single line naming the file, never a traceback.
+DAMAGED = (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, StopIteration, AttributeError,
+           OverflowError)
+
+
+def damaged(path: str, exc: Exception) -> str:
+    """The one line for a damaged record."""
+    return (f"{path!r}: a damaged record ({type(exc).__name__}: {str(exc)[:120] or 'no detail'}); "
+            f"{record_files.ACCEPTED}")
 
 
 def do_nsys(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import types
 import typing
@@ -48,10 +49,17 @@ def finite(value: Any) -> Any:
     return value
 
 
+MAX_BYTES = 256 * 1024 * 1024  # the largest GPU record written here is under 2 MB
+MAX_INSTANCES, MAX_REPLAYS = 10_000, 1_000_000  # bench rig's defaults are 12 and 300
+
+
 def read(path: str) -> Record:
     """The record in ``path``, of any schema; :class:`RecordError` in one line naming the file and,
     where one is missing or odd, the field."""
     try:
+        if os.path.getsize(path) > MAX_BYTES:
+            raise RecordError(f"{path!r}: {os.path.getsize(path):,} bytes, more than a record holds (at most "
+                              f"{MAX_BYTES:,}); {ACCEPTED}")
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except FileNotFoundError:
@@ -73,7 +81,13 @@ def from_data(data: Any) -> Record:
     if data.get("schema", SCHEMA) > SCHEMA:
         raise RecordError(f"schema {data['schema']}, written by a newer freetoken-graphfix (this one reads "
                           f"up to {SCHEMA})")
-    return build(KINDS[kind], {k: v for k, v in data.items() if k not in ("kind", "schema")}, kind)
+    record = build(KINDS[kind], {k: v for k, v in data.items() if k not in ("kind", "schema")}, kind)
+    for name, arm in getattr(record, "arms", {}).items():
+        for bs, instances in arm.replay_us.items():
+            if len(instances) > MAX_INSTANCES or any(len(replays) > MAX_REPLAYS for replays in instances):
+                raise RecordError(f"arms.{name}.replay_us.{bs}: more instances or replays than a run makes (at most "
+                                  f"{MAX_INSTANCES:,} instances of {MAX_REPLAYS:,} replays)")
+    return record
 
 
 def build(cls: Any, data: Any, where: str) -> Any:

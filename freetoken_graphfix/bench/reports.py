@@ -56,6 +56,8 @@ def _engine(record: records.EngineRecord) -> Report:
 
     judged = [(case, figures_of(case)) for case in record.cases]
     failures = [f for _, figures in judged for f in engine_failures(figures)]
+    failures += [f"{case.label}: no process ran (no arm has a run)" for case in record.cases
+                 if not any(case.runs.values())]
     if not judged:
         failures.append("no case in this record: nothing was measured")
     return Report("engine", "\n\n".join(render(c, f) for c, f in judged), failures,

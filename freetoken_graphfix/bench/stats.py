@@ -119,15 +119,18 @@ def membership(medians: list[float], bounds: list[float]) -> list[int]:
 
 def fisher_exact(a: int, b: int, c: int, d: int) -> float:
     """Two-sided p-value of Fisher's exact test on the 2x2 table ``[[a, b], [c, d]]``: do two arms
-    fall into two clusters in different proportions?"""
+    fall into two clusters in different proportions? In log space (``lgamma``), each table's
+    probability once: linear in the instances, however many a record lists."""
     n, row, col = a + b + c + d, a + b, a + c
+    low, high = max(0, row + col - n), min(row, col)
+    logs = [_log_comb(col, x) + _log_comb(n - col, row - x) - _log_comb(n, row) for x in range(low, high + 1)]
+    observed = logs[a - low]
+    return min(1.0, sum(math.exp(v) for v in logs if v <= observed + 1e-7 * max(1.0, abs(observed))))
 
-    def p(x: int) -> float:
-        return math.comb(col, x) * math.comb(n - col, row - x) / math.comb(n, row)
 
-    observed = p(a)
-    return min(1.0, sum(p(x) for x in range(max(0, row + col - n), min(row, col) + 1)
-                        if p(x) <= observed * (1 + 1e-9)))
+def _log_comb(n: int, k: int) -> float:
+    """``log(comb(n, k))``, without the big integer."""
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
 def geometric_mean(ratios: list[float]) -> tuple[float, float]:
