@@ -19,11 +19,12 @@ import importlib.util
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import diffs
+from . import diffs, safe_files
 from .errors import PatchError, shown
 
 
@@ -275,6 +276,8 @@ def _move(target: Target, reverse: bool) -> tuple[bool, str]:
 def _write_all(target: Target, contents: dict[str, bytes | None]) -> None:
     """Every file written, or none: stage each result beside its target, then replace them all,
     putting back what was replaced if a replace fails; folders made for new files go again."""
+    for rel in contents:
+        _refuse_links(target, rel)
     staged: list[tuple[Path, Path | None]] = []  # (target file, staged copy; None: delete it)
     made: list[Path] = []  # folders created for new files
     rel = ""
@@ -288,11 +291,15 @@ def _write_all(target: Target, contents: dict[str, bytes | None]) -> None:
                        and not p.exists()]
             dest.parent.mkdir(parents=True, exist_ok=True)
             made += missing
-            tmp = dest.with_name(f".{dest.name}.graphfix-staged")
-            tmp.write_bytes(data)
+            fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".graphfix-staged")
+            tmp = Path(name)  # a fresh name (O_EXCL): a link planted at a fixed one is never written through
             staged.append((dest, tmp))
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
             if dest.exists():
                 shutil.copymode(dest, tmp)
+            else:
+                os.chmod(tmp, safe_files.default_mode())  # mkstemp's 0600 is for staging, not for the file
         before = {dest: dest.read_bytes() if dest.exists() else None for dest, _ in staged}
     except OSError as exc:
         _discard(staged, made)
@@ -313,6 +320,17 @@ def _write_all(target: Target, contents: dict[str, bytes | None]) -> None:
         _discard(staged, made)
         raise PatchError(f"cannot replace {failed}: {exc.strerror or exc}; the {len(done)} file(s) already replaced "
                          "were put back, nothing was changed") from None
+
+
+def _refuse_links(target: Target, rel: str) -> None:
+    """A file the series writes must be a regular file (or a new one) inside the tree, reached through no
+    symbolic link: a link in a shared checkout would have it write outside the tree."""
+    dest = target.root / rel
+    inside = [p for p in (dest, *dest.parents) if p.is_relative_to(target.root) and p != target.root]
+    link = next((p for p in inside if p.is_symlink()), None)
+    if link is not None:
+        raise PatchError(f"{link.relative_to(target.root)} is a symbolic link; the series writes only regular files "
+                         f"inside the {target.label}, never through a link; nothing was changed")
 
 
 def _discard(staged: list[tuple[Path, Path | None]], made: list[Path]) -> None:

@@ -703,3 +703,41 @@ def test_an_edited_new_test_file_is_to_be_removed_not_restored(freetoken_tree, t
     assert f"{new} matches neither the original nor the patched sources" in str(err.value)
     assert f"remove {new} (the release has no such file)" in str(err.value)
     assert "restore" not in str(err.value)
+
+
+def test_a_link_planted_at_the_old_staging_name_is_never_written_through(target, tmp_path):
+    """The staging file has a fresh name each run: a link at the fixed name the tool once used is left alone,
+    and the file it points to is untouched."""
+    tgt, tree = target
+    package = tree / ("python/freetoken" if tgt.strip == 1 else "freetoken")
+    outside = tmp_path / "outside.py"
+    outside.write_text("precious\n")
+    graph = package / "engine" / "graph.py"
+    (graph.parent / ".graph.py.graphfix-staged").symlink_to(outside)
+    series.apply(tgt)
+    assert outside.read_text() == "precious\n"
+    assert not graph.is_symlink() and "_upload_graph" not in graph.read_text()  # 0002 applied to the real file
+
+
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_a_link_in_the_tree_is_refused_and_nothing_changes(target, tmp_path, where):
+    """A file the series writes that is a link, or a folder on its way that is one, would send the write outside
+    the tree: refused in one line, nothing changed, the link's target untouched."""
+    tgt, tree = target
+    package = tree / ("python/freetoken" if tgt.strip == 1 else "freetoken")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(package / "engine", elsewhere)
+    if where == "file":
+        (package / "engine" / "graph.py").unlink()
+        (package / "engine" / "graph.py").symlink_to(elsewhere / "graph.py")
+        link = package / "engine" / "graph.py"
+    else:
+        shutil.rmtree(package / "engine")
+        (package / "engine").symlink_to(elsewhere, target_is_directory=True)
+        link = package / "engine"
+    before, outside = digest(tree), digest(elsewhere)
+    with pytest.raises(PatchError) as err:
+        series.apply(tgt)
+    assert str(err.value).startswith(f"{link.relative_to(tgt.root)} is a symbolic link;")
+    assert str(err.value).endswith("nothing was changed") and "\n" not in str(err.value)
+    assert digest(tree) == before and digest(elsewhere) == outside
