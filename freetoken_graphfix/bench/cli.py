@@ -335,8 +335,8 @@ def do_report(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
         report = report_of(record)
     except record_files.RecordError as exc:
         return error(say, str(exc))
-    except DAMAGED as exc:
-        return error(say, damaged(opts.record, exc))
+    except record_files.DAMAGED as exc:
+        return error(say, record_files.damaged(opts.record, exc))
     if opts.verbose and not report.has_detail:
         return error(say, f"--verbose: a {report.kind} record has no detail beyond its report; it is for engine "
                           "records")
@@ -345,20 +345,10 @@ def do_report(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
             return error(say, f"--{option}: a {report.kind} record has none; it is for the rig and engine records")
     try:
         return finish(opts, record, report)
-    except DAMAGED as exc:  # --markdown and --plot are drawn only now
-        return error(say, damaged(opts.record, exc))
+    except record_files.DAMAGED as exc:  # --markdown and --plot are drawn only now
+        return error(say, record_files.damaged(opts.record, exc))
 
 
-# What reading figures out of a record that is JSON, of a known kind, but damaged can raise: a field emptied,
-# retyped, set to NaN or zero. Every one is a single line naming the file, never a traceback.
-DAMAGED = (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, StopIteration, AttributeError,
-           OverflowError)
-
-
-def damaged(path: str, exc: Exception) -> str:
-    """The one line for a damaged record."""
-    return (f"{path!r}: a damaged record ({type(exc).__name__}: {str(exc)[:120] or 'no detail'}); "
-            f"{record_files.ACCEPTED}")
 
 
 def do_nsys(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:

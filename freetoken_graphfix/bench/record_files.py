@@ -251,3 +251,15 @@ def _pass_v1(pid: int, line: str) -> dict[str, Any]:
         actions += [action] * int(n)
         reasons += [reason] * int(n)
     return {"pid": pid, "index": int(m.group(1)), "actions": actions, "reasons": reasons}
+
+
+# What reading figures out of a record that is JSON, of a known kind, but damaged can raise: a field emptied,
+# retyped, set to NaN or zero. Every one is a single line naming the file, never a traceback.
+DAMAGED = (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, StopIteration, AttributeError,
+           OverflowError)
+
+
+def damaged(path: str, exc: Exception) -> str:
+    """The one line for a damaged record."""
+    return (f"{path!r}: a damaged record ({type(exc).__name__}: {str(exc)[:120] or 'no detail'}); "
+            f"{ACCEPTED}")
