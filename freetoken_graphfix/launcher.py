@@ -117,16 +117,21 @@ def supervise(argv: Sequence[str], env: dict[str, str], *, exiting: bool = False
     so it can read the terminal and Ctrl-C reaches it from the terminal."""
     signals = set(FORWARDED)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    own_group = not foreground_at_a_terminal()
     try:
-        child = _start(argv, env, before, own_group=not foreground_at_a_terminal())
+        child = _start(argv, env, before, own_group=own_group)
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         raise
+    sentinel = _sentinel(child.pid) if own_group else None
     relay = _Relay(child, argv[0], signals)
     try:
         code = child.wait()
     finally:
         relay.stop()
+        if sentinel is not None:
+            sentinel.kill()  # the child is done: nothing for it to clean up after
+            sentinel.wait()
         while signal.sigtimedwait(signals, 0) is not None:
             pass  # for a child that has exited: unblocked, a Ctrl-C would end the wrapper, not its code
         if not exiting:
@@ -176,7 +181,7 @@ class _Relay:
                 _send(self.child, signal.SIGKILL)
                 return
         if not self.reached_child(code):
-            _send(self.child, signum)
+            _send(self.child, signum, group=signum in STOPPING)
 
     def reached_child(self, code: int) -> bool:
         """Whether the child already has this signal: the kernel sent it to our whole process group
@@ -241,6 +246,44 @@ def _start(argv: Sequence[str], env: dict[str, str], mask: set[int], own_group: 
         raise CommandError(f"run: {name!r}: {why}", NOT_EXECUTABLE) from None
 
 
+SENTINEL_SIGNAL = signal.SIGRTMIN  # the sentinel's parent-death signal: nobody forwards or sends it
+SENTINEL_GRACE_S = 0.5  # from the wrapper's death to the SIGKILL of the child's group
+SENTINEL = """\
+import os, signal, sys, time
+signal.sigwait([int(sys.argv[2])])
+time.sleep(float(sys.argv[3]))
+try:
+    os.killpg(int(sys.argv[1]), signal.SIGKILL)
+except ProcessLookupError:
+    pass
+"""
+
+
+def _sentinel(group: int) -> subprocess.Popen | None:
+    """A small process in the child's process group that outlives the wrapper's: when the wrapper dies without
+    passing a signal on (SIGKILL to its own group, which the child's group does not share), the child has its
+    SIGTERM at once and, ``SENTINEL_GRACE_S`` later, its whole group the SIGKILL it would have had without the
+    wrapper. The stop signals the wrapper forwards to the group stay blocked in it; it is killed when the child
+    exits. ``None`` where it cannot start (the child already gone, no prctl)."""
+    parent, prctl = os.getpid(), _prctl()
+    if prctl is None:
+        return None
+
+    def in_sentinel() -> None:
+        os.setpgid(0, group)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {*FORWARDED, SENTINEL_SIGNAL})  # it waits for this one alone
+        prctl(PR_SET_PDEATHSIG, SENTINEL_SIGNAL)
+        if os.getppid() != parent:  # the wrapper died before the request took effect
+            os.kill(os.getpid(), SENTINEL_SIGNAL)
+
+    try:
+        return subprocess.Popen([sys.executable, "-S", "-c", SENTINEL, str(group), str(int(SENTINEL_SIGNAL)),
+                                 str(SENTINEL_GRACE_S)], preexec_fn=in_sentinel, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 SHELL = "/bin/sh"  # what runs an executable text file without a #! line, as bash and dash do
 
 
@@ -282,12 +325,14 @@ def _interpreter(path: str) -> str:
     return (_shebang(path) or ["?"])[0]
 
 
-def _send(child: subprocess.Popen, signum: int) -> None:
-    """To the child's own process group when it made one (a server's workers), else to the child."""
+def _send(child: subprocess.Popen, signum: int, group: bool = True) -> None:
+    """To the child's own process group when it made one (a server's workers) and ``group``, else to the child:
+    a user signal (SIGUSR1/2) goes to the command alone, as a shell sends it, so a worker without a handler for it
+    lives on."""
     try:
-        group = os.getpgid(child.pid)
-        if group == child.pid and group != os.getpgrp():
-            os.killpg(group, signum)
+        pgid = os.getpgid(child.pid) if group else None
+        if pgid == child.pid and pgid != os.getpgrp():
+            os.killpg(pgid, signum)
         else:
             child.send_signal(signum)
     except ProcessLookupError:

@@ -317,7 +317,20 @@ def handler(signum, frame):
         sys.exit(40 + signum)
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
     signal.signal(s, handler)
+if "--deaf" in sys.argv:  # a command that ignores SIGTERM
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 note("ready", os.getpid())  # only now: every process of the job handles its signals
+if "--worker" in sys.argv:  # a worker in the command's group with no handler of its own
+    r, w = os.pipe()
+    worker = os.fork()
+    if worker == 0:
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(s, signal.SIG_DFL)
+        os.write(w, b"1")  # its handlers are the default ones: the trapper may say it is there
+        time.sleep(60)
+        os._exit(0)
+    os.read(r, 1)
+    note("worker", worker)
 while True:
     time.sleep(0.05)
 """

@@ -369,3 +369,70 @@ def test_a_late_repeat_after_the_child_exited_does_not_replace_its_code():
     out = subprocess.run([sys.executable, "-c", restored], env=child_env(None), capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == -signal.SIGTERM  # a library caller gets its own signal mask back
+
+
+def sentinel_of(wrapper: int, child: int, timeout: float = 30) -> int:
+    """The pid of the wrapper's sentinel once it is in place (started, in the child's group, its parent-death
+    signal set before it ran Python): the handshake before the wrapper's group is killed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == child:
+                continue
+            with contextlib.suppress(OSError):
+                stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+                cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+                if int(stat[1]) == wrapper and int(stat[2]) == child and b"-S" in cmdline[1:3]:
+                    return int(entry)
+        time.sleep(0.02)
+    raise AssertionError("the wrapper started no sentinel")
+
+
+def gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie only init has yet to reap."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_sigkill_of_the_wrappers_group_leaves_no_command_behind(tmp_path, attempt):
+    """supervisord's killasgroup, ``timeout -k`` from a terminal: run leads its own group (setsid) and that group is
+    SIGKILLed. A command that ignores SIGTERM is gone within a second, as it would be without run."""
+    proc, child = wrapped(tmp_path, flags=("--deaf",), start_new_session=True)
+    try:
+        sentinel_of(proc.pid, child)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 1.0
+        while not gone(child) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gone(child)
+    finally:
+        if not gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_the_sentinel_leaves_with_the_command(tmp_path):
+    """A command that exits normally takes the sentinel with it: nothing of the wrapper is left in its group."""
+    proc, child = wrapped(tmp_path, start_new_session=True)
+    sentinel = sentinel_of(proc.pid, child)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 40 + signal.SIGTERM and gone(sentinel)
+
+
+def test_a_user_signal_goes_to_the_command_alone_not_its_workers(tmp_path):
+    """SIGUSR1 to run reaches the command, as a shell sends it; a worker of the command (same group) with no handler
+    for it lives on."""
+    proc, child = wrapped(tmp_path, flags=("--worker",), start_new_session=True)
+    worker = int(proc.stdout.readline().split()[1])
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.stdout.readline().strip() == f"got {int(signal.SIGUSR1)}"
+    deadline = time.monotonic() + 0.5  # a worker the signal reached dies within microseconds of it: watch a while
+    while not gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not gone(worker) and os.getpgid(worker) == child
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
