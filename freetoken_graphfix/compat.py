@@ -16,6 +16,7 @@ on is found, private details of the deferred path included, and says so in a WAR
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import os
@@ -101,12 +102,21 @@ def _package_path(module: str) -> str:
 def _parsed(module: str) -> ast.Module | None:
     """FreeToken's ``module``, parsed from its source (``None`` without one); never imported."""
     path = _package_path(module) + ".py"
-    if not os.path.isfile(path):
+    try:
+        found = os.stat(path)
+    except OSError:
         return None
+    return _parse(path, found.st_mtime_ns, found.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(path: str, mtime_ns: int, size: int) -> ast.Module:
+    """One file parsed once a process (the check reads ple_disk and row_store at every install), again only once it
+    changed (its time and size are the key)."""
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     tree = ast.parse(text)
-    tree.source = text  # type: ignore[attr-defined]  (for the methods' source segments)
+    tree.source = text  # type: ignore[attr-defined]  (for the methods' source)
     return tree
 
 
@@ -122,9 +132,10 @@ def _ple_methods() -> dict[str, str] | None:
     if live is not None and hasattr(live, "DiskRowTable"):
         return {n: _source(inspect.getattr_static(live.DiskRowTable, n, None)) for n in names}
     tree = _parsed(PLE_MODULE)
-    for node in ast.walk(tree) if tree is not None else ():
+    for node in tree.body if tree is not None else ():
         if isinstance(node, ast.ClassDef) and node.name == "DiskRowTable":
-            methods = {f.name: ast.get_source_segment(tree.source, f) or "" for f in node.body  # type: ignore[attr-defined]
+            lines = tree.source.splitlines(keepends=True)  # type: ignore[attr-defined]  (once: not per method)
+            methods = {f.name: "".join(lines[f.lineno - 1:f.end_lineno]) for f in node.body
                        if isinstance(f, ast.FunctionDef)}
             return {n: methods.get(n, "") for n in names}
     return None

@@ -57,6 +57,8 @@ def output_refused(path: str, what: str) -> str | None:
         kind = "a symbolic link" if stat.S_ISLNK(found.st_mode) else "a directory" if stat.S_ISDIR(
             found.st_mode) else "not a regular file"
         return f"{what} {path!r}: {kind}; {accepted}"
+    if not os.access(path, os.W_OK):  # replacing it would succeed: a file its owner made read-only stays so
+        return f"{what} {path!r}: cannot be written (Permission denied); {accepted}"
     return None
 
 

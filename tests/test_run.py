@@ -341,7 +341,7 @@ def test_one_stop_signal_sent_twice_at_once_by_one_process_is_one_request():
 
     run_send = run._send
     try:
-        run._send = lambda child, signum: sent.append(signum)
+        run._send = lambda child, signum, **how: sent.append(signum)
         relay = Relay()
         relay.handle(signal.SIGTERM, run.SI_USER, 100, now=10.0)
         relay.handle(signal.SIGTERM, run.SI_USER, 100, now=10.0 + run.REPEAT_S / 2)  # timeout's second
