@@ -8,18 +8,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import config
 from .compat import AFTER_CAPTURE, Compat
 from .config import Mode
-from .decide import Action, decide
-from .deferred import FirstLaunchGuard
 from .detect import Wait, WaitRecorder, capture_batch_size, wait_from_caller
 from .device import CudaDevice, Device
-from .errors import WarmReplayError
-from .status_record import CapturePass, GraphRecord
-from .warm import warm_replay
+
+if TYPE_CHECKING:  # what runs only at capture is imported there: arming is paid by every FreeToken process
+    from .decide import Action
+    from .deferred import FirstLaunchGuard
+    from .status_record import CapturePass, GraphRecord
 
 logger = logging.getLogger("freetoken_graphfix")
 
@@ -73,6 +73,8 @@ def on_wait_enqueued(wrapped: Callable[..., Any], instance: Any, args: tuple, kw
 def on_capture_graphs(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     """``GraphRunner._capture_graphs``: one capture pass, recorded; on 0.1.3 each graph is decided here,
     once the pass is done."""
+    from .status_record import CapturePass
+
     state.recorder.clear()  # a capture outside any pass (a test, a tool) must not leak its WAITs in
     capture = state.current = CapturePass(len(state.passes), "GraphRunner._capture_graphs")
     state.passes.append(capture)
@@ -107,6 +109,8 @@ def on_capture_graphs(wrapped: Callable[..., Any], instance: Any, args: tuple, k
 def _decide_after_capture(runner: Any, capture: CapturePass) -> None:
     """0.1.3: no per-graph seam, so every graph of the pass is decided once the loop is done, in
     capture order, from the WAITs enqueued while it was captured."""
+    from .decide import Action
+
     graphs = sorted(getattr(runner, "graph_map", {}).items(), key=lambda kv: -kv[0])
     upload = upload_function()
     replayed = False
@@ -124,6 +128,10 @@ def _decide_after_capture(runner: Any, capture: CapturePass) -> None:
 def _mark_deferred(runner: Any) -> None:
     """Guard the first launch of the pass's deferred graphs, now that ``graph_map`` names their bs."""
     by_graph = {id(g): bs for bs, g in getattr(runner, "graph_map", {}).items()}
+    if state.to_mark and state.guard is None:  # made here, not at arming: most processes never need one
+        from .deferred import FirstLaunchGuard
+
+        state.guard = FirstLaunchGuard(upload_function(), state.device)
     for graph, stream, tables, record in state.to_mark:
         bs = by_graph.get(id(graph))
         if bs is None:  # not kept by the runner: it can never be launched through it
@@ -134,6 +142,8 @@ def _mark_deferred(runner: Any) -> None:
 
 def on_upload_graph(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> None:
     """0.2.x: in place of FreeToken's ``_upload_graph(graph, stream)``, right after each capture."""
+    from .status_record import CapturePass
+
     graph, stream = _graph_and_stream(args, kwargs)
     capture = state.current
     if capture is None:  # called outside a GraphRunner capture pass (a test or a bench)
@@ -147,6 +157,9 @@ def on_upload_graph(wrapped: Callable[..., Any], instance: Any, args: tuple, kwa
 def _protect(graph: Any, stream: Any, waits: list[Wait], name: str, capture: CapturePass,
              upload: Callable[[], None]) -> Action:
     """Decide for one graph and act: nothing, ``upload()``, a warm replay, or a deferred mark."""
+    from .decide import Action, decide
+    from .status_record import GraphRecord
+
     t0 = time.perf_counter()
     decision = decide(state.mode, waits, defer_unavailable=_defer_unavailable())
     record = GraphRecord(len(capture.graphs), name, [w.describe() for w in waits], decision.action.value,
@@ -188,6 +201,9 @@ def _defer_unavailable() -> str | None:
 def _warm(graph: Any, stream: Any, waits: list[Wait], name: str, upload: Callable[[], None]) -> None:
     """The warm replay of one graph; where it failed, FreeToken's upload instead, or an error where falling back would
     leave the graph running or a rank on another path than its peers."""
+    from .errors import WarmReplayError
+    from .warm import warm_replay
+
     outcome = warm_replay(graph, stream, waits, state.device, timeout_s=state.warm_timeout_s)
     if outcome.ok:
         return

@@ -28,18 +28,19 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import wrapt
 
-from . import bootstrap, config, status_record
-from .capture import state, upload_function
+from . import bootstrap, config
+from .capture import state
 from .compat import GRAPH_MODULE, UPLOAD_SEAM, check, freetoken_version
 from .config import Mode
-from .deferred import FirstLaunchGuard
 from .device import CudaDevice, Device
 from .errors import ConfigError, UnsafePathError
-from .status_record import DeferredGuard, FreeTokenFound, Status
+
+if TYPE_CHECKING:  # status() and the deferred guard are imported when first needed, not at every arming
+    from .status_record import Status
 
 logger = logging.getLogger("freetoken_graphfix")
 
@@ -161,6 +162,8 @@ def status() -> Status:
     """What the shim found, did and decided in this process. Where importing the package armed an
     install that has not run yet, the mode it would take is resolved here, quietly: a bad value is
     this status's reason, never a log line of its own."""
+    from .status_record import DeferredGuard, FreeTokenFound, Status
+
     reason = _reason()
     compat, guard = state.compat, state.guard
     found = (FreeTokenFound(compat.version, compat.path, compat.tested) if compat else
@@ -234,9 +237,7 @@ def _on_graph_import(graph: ModuleType) -> None:
     except Exception as exc:  # never leave a half-patched FreeToken
         _stand_down(f"patching failed: {exc!r}")
         return
-    if compat.deferred:
-        state.guard = FirstLaunchGuard(upload_function(), state.device)
-    elif state.mode is Mode.DEFERRED:
+    if not compat.deferred and state.mode is Mode.DEFERRED:  # the guard itself is made at the first deferred graph
         logger.warning("FT_GRAPH_UPLOAD=deferred but %s: graphs that need protection get warm",
                        compat.deferred_reason)
     bootstrap.when_imported(compat.wait_module, _on_wait_module_import)  # now, if FreeToken imported it already
@@ -248,7 +249,7 @@ def _on_graph_import(graph: ModuleType) -> None:
 def _on_capture_graphs(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     """One capture pass (``capture.on_capture_graphs``), then, where asked, this process's status written
     for a tool that reads it as data (``FT_GRAPHFIX_STATUS_DIR``)."""
-    from . import capture
+    from . import capture, status_record
 
     try:
         return capture.on_capture_graphs(wrapped, instance, args, kwargs)

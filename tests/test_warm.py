@@ -134,16 +134,16 @@ def test_slow_warm_replay_in_the_capture_loop(install, fake, tmp_path, caplog):
 def test_without_a_limit_given_a_warm_replay_has_the_readmes_ten_seconds(fake, tmp_path, monkeypatch):
     """Every user runs without a limit of their own: the warm replay in FreeToken's capture loop then
     waits the 10 s the README promises before calling a graph stuck (a busy GPU takes seconds)."""
-    from freetoken_graphfix import capture
+    from freetoken_graphfix import warm
 
     limits = []
-    real = capture.warm_replay
+    real = warm.warm_replay
 
     def spy(*args, timeout_s, **kwargs):
         limits.append(timeout_s)
         return real(*args, timeout_s=timeout_s, **kwargs)
 
-    monkeypatch.setattr(capture, "warm_replay", spy)
+    monkeypatch.setattr(warm, "warm_replay", spy)  # capture imports it when a graph needs it
     table = harness.make_table(harness.write_rows(tmp_path))
     freetoken_graphfix.install("warm", device=fake)  # no warm_timeout_s, as from the .pth
     runner = harness.make_runner(harness.PleModel(table, fake, fake.ctx), fake.default, (1, 2))
