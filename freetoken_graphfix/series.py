@@ -42,6 +42,7 @@ class Target:
     strip: int  # patch -p: 1 for a checkout (python/freetoken/...), 2 for an install (freetoken/...)
     label: str
     package_only: bool = False  # an install has no tests/ to patch: the package's files only
+    restore: str = "restore {files} from the release (or a clean checkout)"  # how to bring a file back
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,13 @@ def site_target() -> Target:
     spec = importlib.util.find_spec("freetoken")
     if spec is None or not spec.submodule_search_locations:
         raise PatchError("--site: FreeToken is not installed in this environment (no 'freetoken' package)")
-    package = Path(next(iter(spec.submodule_search_locations))).resolve()
-    return Target(package.parent, 2, f"installed FreeToken at {package}", package_only=True)
+    return installed_target(Path(next(iter(spec.submodule_search_locations))).resolve())
+
+
+def installed_target(package: Path) -> Target:
+    """An installed FreeToken's ``package`` folder as a target: a file to bring back comes back by reinstalling."""
+    return Target(package.parent, 2, f"installed FreeToken at {package}", package_only=True,
+                  restore=f"restore {{files}}: pip install --force-reinstall --no-deps freetoken=={series_target()}")
 
 
 def tree_version(target: Target) -> str | None:
@@ -185,18 +191,19 @@ def _diagnose(target: Target) -> str:
             patched.append(f)
         else:
             return (f"{f.rel} matches neither the original nor the patched sources (applying: {forward}; "
-                    f"reverting: {backward}); {_back_to_release([f])}")
+                    f"reverting: {backward}); {_back_to_release([f], target)}")
     states = [f"{', '.join(names)} {word}" for names, word in (([f.rel for f in patched], "patched"),
                                                                 (original, "original")) if names]
-    return (f"partly patched: {', '.join(states)} (not a prefix of the series); {_back_to_release(patched)} and "
-            "run the command again")
+    return (f"partly patched: {', '.join(states)} (not a prefix of the series); "
+            f"{_back_to_release(patched, target)} and run the command again")
 
 
-def _back_to_release(files: list[File]) -> str:
-    """``remove X (the release has no such file); restore Y from the release (or a clean checkout)``."""
+def _back_to_release(files: list[File], target: Target) -> str:
+    """``remove X (the release has no such file); restore Y from the release (or a clean checkout)``; for an
+    installed FreeToken, the reinstall that restores it."""
     new, edited = [f.rel for f in files if f.new], [f.rel for f in files if not f.new]
     steps = ([f"remove {', '.join(new)} (the release has no such file)"] if new else []) + (
-        [f"restore {', '.join(edited)} from the release (or a clean checkout)"] if edited else [])
+        [target.restore.format(files=", ".join(edited))] if edited else [])
     return "; ".join(steps)
 
 

@@ -71,7 +71,7 @@ def target(request, freetoken_tree, tmp_path):
     if request.param == "repo":
         co = checkout(tree, tmp_path / "FreeToken")
         return series.repo_target(co), co
-    return series.Target(tree, 2, f"installed FreeToken at {tree / 'freetoken'}", package_only=True), tree
+    return series.installed_target(tree / "freetoken"), tree
 
 
 def test_series_file_lists_every_patch_and_its_target():
@@ -233,6 +233,9 @@ def test_a_hand_edit_is_named_in_either_state(target, edited):
         message = str(err.value)
         assert "\n" not in message and message.endswith("nothing was changed")
         assert f"{edited} matches neither the original nor the patched sources" in message
+        reinstall = "pip install --force-reinstall --no-deps freetoken==0.2.1"
+        assert message.endswith(f"restore {path.relative_to(tgt.root)}: {reinstall}; nothing was changed"
+                                if tgt.package_only else "from the release (or a clean checkout); nothing was changed")
         assert digest(tree) == before
 
 
