@@ -44,6 +44,8 @@ def do_run(args: argparse.Namespace) -> int:
         executable = launcher.resolve(command[0])
         env = dict(os.environ, **{config.ENV_MODE: mode.value})
         for warning in (launcher.foreign_python(executable, env),
+                        f"freetoken_graphfix: warning: mode skip {config.SKIP_RISK}" if mode is config.Mode.SKIP
+                        else None,
                         None if bootstrap.installed_pth() else
                         f"freetoken_graphfix: warning: {bootstrap.PTH_NAME} is not installed in this environment; "
                         "only processes that import freetoken_graphfix will get the shim"):

@@ -36,6 +36,7 @@ class Mode(str, enum.Enum):
 
 
 ACCEPTED = tuple(m.value for m in Mode if m is not Mode.OFF) + OFF_VALUES
+SKIP_RISK = "protects nothing: a graph whose first launch waits on a PLE wait-sync flag can deadlock there"
 
 
 def parse_mode(value: str | None, *, source: str = ENV_MODE) -> Mode:

@@ -66,7 +66,7 @@ def run(short_check: bool) -> int:
     from . import series
 
     report.line("patch series", series.describe_installed())
-    _new_processes(report, user_value)
+    _new_processes(report, user_value, series.applied_to_site())
     report.line("turn it off", f"{config.ENV_MODE}=off (or 0, false), or pip uninstall freetoken-graphfix")
     print("modes:")
     for name, text in MODE_HELP.items():
@@ -86,6 +86,9 @@ def _mode_line(report: Report, user_value: str | None) -> None:
         return
     report.line(config.ENV_MODE, f"unset (mode {mode.value})" if user_value is None else
                 f"{shown(user_value)} (mode {mode.value})")
+    if mode is config.Mode.SKIP:
+        report.problem("mode skip", config.SKIP_RISK,
+                       f"export {config.ENV_MODE}=auto (skip is the benchmarks' unprotected control)")
 
 
 def _shim_line(report: Report) -> bool:
@@ -130,8 +133,9 @@ def _freetoken_lines(report: Report, shim_loads: bool) -> bool:
     return True
 
 
-def _new_processes(report: Report, user_value: str | None) -> None:
-    """What a process started from here gets: the ``.pth``, the variable, and how to turn it on."""
+def _new_processes(report: Report, user_value: str | None, series_applied: bool) -> None:
+    """What a process started from here gets: the ``.pth``, the variable, and how to turn it on (not needed where
+    the patch series protects FreeToken itself)."""
     pth = bootstrap.installed_pth()
     if pth is None:
         report.problem("bootstrap .pth", "not installed: only processes that import freetoken_graphfix get the shim",
@@ -139,8 +143,10 @@ def _new_processes(report: Report, user_value: str | None) -> None:
     else:
         report.line("bootstrap .pth", str(pth))
     active, why = bootstrap.would_activate(user_value)
+    hint = ("; not needed: the patch series protects the installed FreeToken itself" if series_applied else
+            f"; to turn it on: {TURN_ON}")
     report.line("shim in new processes", f"{'installed' if active else 'NOT installed'}: {why}"
-                + (f"; to turn it on: {TURN_ON}" if user_value is None and pth is not None else ""))
+                + (hint if user_value is None and pth is not None else ""))
     report.line("interpreters", ", ".join(bootstrap.interpreters()))
 
 

@@ -377,6 +377,16 @@ def patched_copy(dest: Path) -> Path:
     return dest
 
 
+def applied_to_site() -> bool:
+    """Whether the whole series is applied to the installed FreeToken (``False`` where that cannot be told)."""
+    if importlib.util.find_spec("freetoken") is None:
+        return False
+    try:
+        return state(site_target())[0] == len(series())
+    except PatchError:
+        return False
+
+
 def describe_installed() -> str:
     """One line for doctor: which series, and its state on the installed FreeToken."""
     if importlib.util.find_spec("freetoken") is None:
