@@ -5,6 +5,7 @@ sizes likewise; each benchmark's settings are built from its own parser."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -208,3 +209,35 @@ def test_logs_is_made_if_missing_before_the_benchmark_writes_into_it(tmp_path, m
     logs = tmp_path / "new"
     assert cli.main(["engine", "--arms", "upstream", "--logs", str(logs)]) == 0
     assert seen == [True]
+
+
+RECORDS = Path(__file__).resolve().parent / "records"
+
+
+def test_plot_follows_one_rule_nothing_to_draw_is_refused_and_nothing_written(tmp_path, capsys):
+    """A rig record without CUPTI gaps, a serve record: --plot is one line and exit 1, no file; a rig record with
+    gaps draws. A rig run that would record no gaps (--profile-reps 0) is refused before it runs."""
+    import json
+
+    rig = json.loads((RECORDS / "rig-bench.json").read_text())  # the shipped GPU record ran without CUPTI gaps
+    assert not any(arm["gaps_us"] for arm in rig["arms"].values())
+    for i, arm in enumerate(rig["arms"].values()):
+        arm["gaps_us"] = {"s1": [0.3 + 0.01 * i, 0.4, 0.5]}
+    (tmp_path / "gaps.json").write_text(json.dumps(rig))
+    for record in (RECORDS / "rig-bench.json", RECORDS / "serve.json"):
+        assert cli.main(["report", str(record), "--plot", str(tmp_path / "p.png")]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--plot: this " in err and "has nothing to draw it from" in err, err
+        assert not (tmp_path / "p.png").exists()
+    assert cli.main(["report", str(tmp_path / "gaps.json"), "--plot", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["rig", "--profile-reps", "0", "--plot", str(tmp_path / "q.png")])
+    assert exc.value.code == 2 and capsys.readouterr().err.strip().endswith(
+        "--plot draws the CUPTI gaps, which --profile-reps 0 turns off")
+
+
+def test_write_model_makes_its_parent_folders(tmp_path, capsys):
+    """``bench write-model /tmp/models/q4`` on a fresh machine: the folders above it are made."""
+    assert cli.main(["write-model", str(tmp_path / "models" / "llama"), "--family", "llama"]) == 0
+    assert (tmp_path / "models" / "llama" / "config.json").is_file()

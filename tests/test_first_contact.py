@@ -210,8 +210,8 @@ def test_no_gpu_is_said_before_freetoken_is_imported(tmp_path):
                          env=child_env(None), capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and out.stdout.strip() == "[]", out.stdout
     assert out.stderr.strip().splitlines() == [
-        "python -m freetoken_graphfix bench engine: error: no CUDA device; nothing to measure (bench startup needs "
-        "none)"]
+        "python -m freetoken_graphfix bench engine: error: no CUDA device; nothing to measure (bench startup, "
+        "report, nsys and write-model need none)"]
 
 
 def test_a_sigterm_to_the_startup_bench_leaves_no_venvs_behind(tmp_path):

@@ -224,6 +224,8 @@ def checked(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Name
         why = check_writable(getattr(opts, option, None), f"--{option}")
         if why:
             sub.error(why)
+    if getattr(opts, "plot", None) and getattr(opts, "profile_reps", None) == 0:
+        sub.error("--plot draws the CUPTI gaps, which --profile-reps 0 turns off")
     if getattr(opts, "plot", None) and importlib.util.find_spec("matplotlib") is None:
         sub.error(f"--plot needs matplotlib, which is not installed here (pip install {INSTALL_HINT['matplotlib']})")
     why = logs_unusable(getattr(opts, "logs", None))
@@ -266,7 +268,8 @@ def cuda_missing() -> str | None:
     """Why nothing can be measured here, or ``None``: checked before FreeToken is imported."""
     import torch
 
-    return None if torch.cuda.is_available() else "no CUDA device; nothing to measure (bench startup needs none)"
+    return None if torch.cuda.is_available() else ("no CUDA device; nothing to measure (bench startup, report, nsys "
+                                                      "and write-model need none)")
 
 
 def do_rig(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
@@ -342,7 +345,8 @@ def do_report(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
                           "records")
     for option in ("markdown", "plot"):
         if getattr(opts, option) is not None and getattr(report, option) is None:
-            return error(say, f"--{option}: a {report.kind} record has none; it is for the rig and engine records")
+            return error(say, f"--{option}: this {report.kind} record has nothing to draw it from (rig records with "
+                              "CUPTI gaps and engine records do)")
     try:
         return finish(opts, record, report)
     except record_files.DAMAGED as exc:  # --markdown and --plot are drawn only now

@@ -184,9 +184,8 @@ def write_model(folder: str, family: str, layers: int | None, experts: str = "bf
         raise ValueError(f"write-model {folder!r} already exists and is not an empty directory; accepted values "
                          "are a new or empty directory")
     parent = os.path.dirname(folder)
-    if not os.path.isdir(parent):
-        raise ValueError(f"write-model {folder!r}: its parent directory does not exist")
     try:
+        os.makedirs(parent, exist_ok=True)  # bench write-model /tmp/models/q4 on a fresh machine
         staging = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
     except OSError as exc:
         raise ValueError(f"write-model {folder!r}: cannot write in {parent!r} ({exc.strerror}); accepted values "

@@ -42,9 +42,13 @@ def write_outputs(outputs: Outputs, record: records.Record, report: Report) -> b
     jobs = [("--json", outputs.json, lambda path: record_files.write(path, record))]
     if report.markdown is not None:
         jobs.append(("--markdown", outputs.markdown, lambda path: _write_text(path, report.markdown(outputs.verbose))))
+    ok = True
     if report.plot is not None:
         jobs.append(("--plot", outputs.plot, lambda path: _write_plot(path, report.plot)))
-    ok = True
+    elif outputs.plot:  # one rule for every record: nothing to draw is said, and the run fails
+        print(f"bench: --plot {outputs.plot!r}: this {report.kind} record has nothing to draw it from (rig records "
+              "with CUPTI gaps and engine records do); nothing written", file=sys.stderr)
+        ok = False
     for option, path, job in jobs:
         if path:
             try:

@@ -35,8 +35,9 @@ def report_of(record: records.Record) -> Report:
     if isinstance(record, records.RigRecord):
         from .rig import report
 
+        drawable = any(arm.gaps_us for arm in record.arms.values())  # --plot draws the CUPTI gaps
         return Report("rig", report.render(record), markdown=lambda verbose: report.markdown(record),
-                      plot=lambda path: report.plot(record, path))
+                      plot=(lambda path: report.plot(record, path)) if drawable else None)
     if isinstance(record, records.DeadlockRecord):
         from .rig import deadlock
 
@@ -62,7 +63,7 @@ def _engine(record: records.EngineRecord) -> Report:
         failures.append("no case in this record: nothing was measured")
     return Report("engine", "\n\n".join(render(c, f) for c, f in judged), failures,
                   markdown=lambda verbose: "\n".join(line for c, f in judged for line in markdown_case(c, f, verbose)),
-                  plot=lambda path: plot(*judged[0], path) if judged else "--plot skipped: no case", has_detail=True)
+                  plot=(lambda path: plot(*judged[0], path)) if judged else None, has_detail=True)
 
 
 def _serve(record: records.ServeRecord) -> Report:
