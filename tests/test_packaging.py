@@ -5,6 +5,8 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from freetoken_graphfix import bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +82,7 @@ def resolved(*requirements: str) -> dict[str, str]:
                 for i in json.loads(report.read_text())["install"]}
 
 
+@pytest.mark.timeout(900)  # two full pip resolves against the index: 78 s of 120 in a quiet run, more under load
 def test_installing_beside_freetoken_moves_nothing_freetoken_resolves():
     """pip resolves FreeToken 0.2.1 alone, then with this package: every package of the first
     resolve keeps its version (a pinned dependency of ours, such as the cuda-python meta-package's
