@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["install", "uninstall", "status", "Mode", "GraphfixError", "ConfigError", "WarmReplayError",
            "PatchError"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def install(mode: "str | Mode | None" = None, *, device: "Device | None" = None,

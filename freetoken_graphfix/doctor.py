@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 
 from . import __version__, bootstrap, config
@@ -148,6 +149,8 @@ def _new_processes(report: Report, user_value: str | None, series_applied: bool)
     report.line("shim in new processes", f"{'installed' if active else 'NOT installed'}: {why}"
                 + (hint if user_value is None and pth is not None else ""))
     report.line("interpreters", ", ".join(bootstrap.interpreters()))
+    report.line("run looks in", f"{sysconfig.get_paths()['scripts']} first (this environment's commands, activated "
+                                "or not), then PATH")
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import pytest
 
 from freetoken_graphfix import cli as main_cli
 from freetoken_graphfix.bench import cli as bench_cli
+from freetoken_graphfix.bench import options as bench_options
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "freetoken_graphfix"
@@ -41,6 +42,17 @@ def test_the_readmes_first_screen_turns_the_shim_on_in_each_of_three_ways():
     for line in ("export FT_GRAPH_UPLOAD=auto", "freetoken-graphfix run -- ft serve", "import freetoken_graphfix"):
         assert any(line in body for body in blocks), f"{line!r} is not in a code block of the README's first screen"
     assert len(readme) <= 160, "the details belong in docs/"
+
+
+def test_the_readme_holds_the_set_up_and_the_tests_ci_runs():
+    """The two commands that set the project up and pass its tests: the install CI does and the checks it runs
+    (.ci/run), as a reader pastes them; and no install from an index the package is not on."""
+    blocks = "\n".join(body for _, body in FENCE.findall((ROOT / "README.md").read_text()))
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "-e '.[test]'" in ci and "pip install -e '.[test]'" in blocks
+    for check in ("ruff check .", "python -m pytest -q"):
+        assert check in ci and check in blocks, check
+    assert "pip install freetoken-graphfix" not in blocks
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
@@ -83,7 +95,7 @@ def test_the_docs_show_the_commands_this_test_reads():
 
 @pytest.mark.parametrize("page, argv", BENCH, ids=[f"{p}:{' '.join(a)[:60]}" for p, a in BENCH])
 def test_every_bench_command_the_docs_show_parses(page, argv):
-    ours, _ = bench_cli.split_freetoken_args(argv)
+    ours, _ = bench_options.split_freetoken_args(argv)
     bench_cli.parser().parse_args(ours)  # SystemExit (argparse's error) fails the test
 
 

@@ -14,6 +14,7 @@ import torch
 
 from freetoken_graphfix import config
 from freetoken_graphfix.bench import arms, model, stats
+from freetoken_graphfix.bench import options as bench_options
 from freetoken_graphfix.bench.engine import judge
 from freetoken_graphfix.bench.engine import run as engine_run
 
@@ -284,7 +285,7 @@ def test_the_gpu_tests_put_benchs_options_before_freetokens(tmp_path):
     from .bench_run import bench_command
 
     cmd = bench_command(["engine", "--model", "m", "--", "--dummy-weight"], tmp_path)
-    ours, theirs = cli.split_freetoken_args(cmd[4:])
+    ours, theirs = bench_options.split_freetoken_args(cmd[4:])
     assert theirs == ["--dummy-weight"]
     opts = cli.parser().parse_args(ours)
     assert (opts.logs, opts.json) == (str(tmp_path / "logs"), str(tmp_path / "record.json"))

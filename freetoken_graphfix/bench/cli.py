@@ -13,7 +13,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 
-from . import arms, model, record_files, records
+from . import arms, model, options, record_files, records
 from .cases import Models
 from .options import models_options, non_negative, outputs_options, positive, seconds, watchdog_option, whole_at_least
 from .outputs import check_writable, logs_unusable, write_outputs
@@ -197,19 +197,11 @@ def own(prog: str, name: str, ft_args: bool = False) -> dict[str, str]:
     return {"prog": f"{prog} {name}", "usage": f"%(prog)s [options]{tail} (-h: all)"}
 
 
-def split_freetoken_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(bench's own arguments, FreeToken's ``ft serve`` options after the first ``--``)."""
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    return argv, []
-
-
 def checked(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The options, refused in one line (exit 2) before anything runs where they cannot work: FreeToken
     options for a benchmark that runs no FreeToken server options, an output that could not be written,
     ``--plot`` without matplotlib, ``--logs`` that cannot hold the logs."""
-    ours, ft_args = split_freetoken_args(argv)
+    ours, ft_args = options.split_freetoken_args(argv)
     named = next((a for a in ours if not a.startswith("-")), None)
     if named is not None and named not in RUN:
         ap.error(f"{named!r} is not a benchmark; accepted values: {', '.join(VISIBLE)}")

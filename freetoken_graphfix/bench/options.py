@@ -84,3 +84,11 @@ def watchdog_option() -> argparse.ArgumentParser:
     p.add_argument("--watchdog", type=seconds, default=4.0,
                    help="seconds before a blocked first launch is released (default 4)")
     return p
+
+
+def split_freetoken_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(bench's own arguments, FreeToken's ``ft serve`` options after the first ``--``)."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
