@@ -425,7 +425,8 @@ MUTANTS = {  # each line of the first-launch fill, undone in the patched sources
     # code deleted, no logic: the fake-device run below sees every graph left unuploaded)
     "the worker is HIP's only": ('thread_name_prefix="ple-fill") if self._wait_sync else None',
                                  'thread_name_prefix="ple-fill") if self._wait_sync and torch.version.hip else None'),
-    "no first-launch fill": ("        return bs in self._unlaunched_bs\n", "        return False\n"),
+    "no first-launch fill": ("        return bs in self._unlaunched_bs or bs not in self._captured_bs\n",
+                             "        return False\n"),
     "capture records no size": ("                self._unlaunched_bs.add(rows)", "                pass"),
     "the launch is never forgotten": ("                    self._unlaunched_bs.discard(bs)  # this",
                                       "                    pass  # this"),
@@ -458,8 +459,9 @@ MUTANTS = {  # each line of the first-launch fill, undone in the patched sources
         "if torch.version.hip is not None:"),
     "a failed table dispatches again": ("        if self._worker is not None:\n            self._await_pending()",
                                         "        if torch.version.hip is not None:\n            self._await_pending()"),
-    "a launch at an uncaptured size goes unchecked": ("        assert bs in self._captured_bs,",
-                                                      "        assert True or bs in self._captured_bs,"),
+    "a launch at an uncaptured size goes unprotected": (
+        "        return bs in self._unlaunched_bs or bs not in self._captured_bs",
+        "        return bs in self._unlaunched_bs"),
 }
 
 
