@@ -263,7 +263,7 @@ def series_steps(run: Run, opts: argparse.Namespace) -> None:
     def apply() -> str:
         require(bool(tree), "no tree")
         said = ran(run.command([*CLI, "patch", "apply", "--repo", str(tree[0])], 60), "patch apply").strip()
-        proc = run.command([py, *tests], 180, env, tree[0])
+        proc = run.command([py, *tests, "tests/engine/test_graph_capture_upload.py"], 180, env, tree[0])  # 2/2's
         ran(proc, "FreeToken's qwen4_exp tests with the series")
         return f"{said.splitlines()[-1][:80]}; {pytest_counts(proc.stdout)}"
 

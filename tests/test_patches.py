@@ -26,7 +26,8 @@ HUNK_LINES = {  # a line inside one of the series' hunks, in the original and th
     "engine/graph.py": "                    self.buffer.logits[:bs] = model.forward()",
     "models/qwen4_exp/ple_disk.py": "        # no try/finally: a failed launch leaves no WAIT pending",
 }
-NEW_TESTS = {"tests/models/qwen4_exp/test_ple_first_launch.py"}
+FIRST_LAUNCH_TEST = "tests/models/qwen4_exp/test_ple_first_launch.py"  # 0001's
+NEW_TESTS = {FIRST_LAUNCH_TEST, "tests/engine/test_graph_capture_upload.py"}  # 0002's: the capture loop, no upload
 EDITED_TESTS = {"tests/models/qwen4_exp/test_ple_disk.py"}  # FreeToken's own, which the series changes
 SERIES = 2
 
@@ -183,9 +184,9 @@ def test_commits_follow_freetokens_conventions():
         body = msg.get_payload().split("\n---\n", 1)[0]
         assert len(body.split()) > 40
         assert not re.search(r"^(Description|Origin|Bug|Forwarded|Last-Update):", body, re.M)
-    for path in NEW_TESTS | EDITED_TESTS:  # beside the model's own tests, as FreeToken keeps qwen4_exp's
+    for path in NEW_TESTS | EDITED_TESTS:  # beside the tests of the subsystem each protects (tests/README.md)
         folder, name = path.rsplit("/", 1)
-        assert folder == "tests/models/qwen4_exp" and name.startswith("test_")
+        assert folder in ("tests/models/qwen4_exp", "tests/engine") and name.startswith("test_")
 
 
 def test_apply_double_apply_revert(target):
@@ -417,12 +418,19 @@ def test_the_series_own_tests_pass_where_they_can_on_cpu(tmp_path, freetoken_tre
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:]
     summary = out.stdout.strip().splitlines()[-1]
-    assert "failed" not in summary and int(summary.split(" passed")[0].split()[-1]) >= 18, summary
+    assert "failed" not in summary and int(summary.split(" passed")[0].split()[-1]) >= 19, summary
 
 
 PLE_DISK = "models/qwen4_exp/ple_disk.py"
-MUTANTS = {  # each line of the first-launch fill, undone in the patched sources (the upload's removal is
-    # code deleted, no logic: the fake-device run below sees every graph left unuploaded)
+GRAPH = "engine/graph.py"
+CAPTURED = "                    self.buffer.logits[:bs] = model.forward()\n"  # the line before the reset
+RESET = "                self._reset_moe_offload_cache()\n"
+UPLOAD = "                _upload_graph(graph, self.stream)\n"  # 0.2.1's call, which 0002 removes
+GRAPH_MUTANTS = {  # 0002: the capture loop's reset beside the removed upload, and the upload call left in
+    "the offload cache is not reset after a capture": (CAPTURED + RESET, CAPTURED),
+    "the upload call is left in": (CAPTURED + RESET, CAPTURED + UPLOAD + RESET),
+}
+MUTANTS = {  # each line of the first-launch fill, undone in the patched sources
     "the worker is HIP's only": ('thread_name_prefix="ple-fill") if self._wait_sync else None',
                                  'thread_name_prefix="ple-fill") if self._wait_sync and torch.version.hip else None'),
     "no first-launch fill": ("        return bs in self._unlaunched_bs or bs not in self._captured_bs\n",
@@ -465,15 +473,16 @@ MUTANTS = {  # each line of the first-launch fill, undone in the patched sources
 }
 
 
-@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+@pytest.mark.parametrize("mutant", sorted(MUTANTS) + sorted(GRAPH_MUTANTS))
 def test_the_series_own_cpu_tests_catch_each_fixing_line_undone(tmp_path, freetoken_tree, mutant):
     """What FreeToken would get: the series' own tests, without a GPU, go red when any line of the
     first-launch fill is undone or slips (the worker left to HIP; the first-launch fill, its size
     record or its end gone; the worker's branch read from the batch's size, the slip a review found;
-    the readback or consumed events out of order; the failure policy changed; a size unchecked)."""
+    the readback or consumed events out of order; the failure policy changed; a size unchecked), and when
+    0002's capture loop keeps its upload call or loses the offload cache's reset beside it."""
     co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken", git=False)
-    old, new = MUTANTS[mutant]
-    path = co / "python/freetoken" / PLE_DISK
+    old, new = MUTANTS[mutant] if mutant in MUTANTS else GRAPH_MUTANTS[mutant]
+    path = co / "python/freetoken" / (PLE_DISK if mutant in MUTANTS else GRAPH)
     series.apply(series.repo_target(co))
     text = path.read_text()
     assert text.count(old) == 1, mutant
@@ -689,10 +698,11 @@ def test_a_tree_that_fits_no_state_names_each_file_and_what_brings_it_back(freet
         series.apply(tgt)
     message = str(err.value)
     assert message.startswith(f"the {tgt.label} does not fit the series: partly patched: "
-                              "python/freetoken/engine/graph.py patched, ")
+                              "python/freetoken/engine/graph.py, tests/engine/test_graph_capture_upload.py patched, ")
     assert "python/freetoken/models/qwen4_exp/ple_disk.py" in message.split(" patched, ")[1].split(" original")[0]
     assert "restore python/freetoken/engine/graph.py from the release (or a clean checkout)" in message
-    assert "remove" not in message and digest(co) == before
+    assert "remove tests/engine/test_graph_capture_upload.py (the release has no such file)" in message
+    assert digest(co) == before
 
 
 def test_an_edited_new_test_file_is_to_be_removed_not_restored(freetoken_tree, tmp_path):
@@ -701,7 +711,7 @@ def test_an_edited_new_test_file_is_to_be_removed_not_restored(freetoken_tree, t
     co = checkout(freetoken_tree("0.2.1"), tmp_path / "FreeToken", git=False)
     tgt = series.repo_target(co)
     series.apply(tgt)
-    (new,) = sorted(NEW_TESTS)
+    new = FIRST_LAUNCH_TEST
     (co / new).write_text((co / new).read_text() + "# a local change\n")
     with pytest.raises(PatchError) as err:
         series.revert(tgt)
