@@ -241,3 +241,11 @@ def test_write_model_makes_its_parent_folders(tmp_path, capsys):
     """``bench write-model /tmp/models/q4`` on a fresh machine: the folders above it are made."""
     assert cli.main(["write-model", str(tmp_path / "models" / "llama"), "--family", "llama"]) == 0
     assert (tmp_path / "models" / "llama" / "config.json").is_file()
+
+
+def test_markdown_for_a_record_without_one_says_which_records_have_it(tmp_path, capsys):
+    """--markdown on a serve record: one line naming the records that have one, not the plot's reason."""
+    assert cli.main(["report", str(RECORDS / "serve.json"), "--markdown", str(tmp_path / "r.md")]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().endswith("--markdown: this serve record has no such report (rig and engine records do)"), err
+    assert not (tmp_path / "r.md").exists()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from . import arms, model, options, record_files, records
 from .cases import Models
 from .options import models_options, non_negative, outputs_options, positive, seconds, watchdog_option, whole_at_least
-from .outputs import check_writable, logs_unusable, write_outputs
+from .outputs import check_writable, logs_unusable, none_for, write_outputs
 from .reports import Report, report_of
 from .settings import (
     DeadlockSettings,
@@ -337,8 +337,7 @@ def do_report(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
                           "records")
     for option in ("markdown", "plot"):
         if getattr(opts, option) is not None and getattr(report, option) is None:
-            return error(say, f"--{option}: this {report.kind} record has nothing to draw it from (rig records with "
-                              "CUPTI gaps and engine records do)")
+            return error(say, none_for(f"--{option}", report.kind))
     try:
         return finish(opts, record, report)
     except record_files.DAMAGED as exc:  # --markdown and --plot are drawn only now

@@ -46,8 +46,7 @@ def write_outputs(outputs: Outputs, record: records.Record, report: Report) -> b
     if report.plot is not None:
         jobs.append(("--plot", outputs.plot, lambda path: _write_plot(path, report.plot)))
     elif outputs.plot:  # one rule for every record: nothing to draw is said, and the run fails
-        print(f"bench: --plot {outputs.plot!r}: this {report.kind} record has nothing to draw it from (rig records "
-              "with CUPTI gaps and engine records do); nothing written", file=sys.stderr)
+        print(f"bench: {none_for('--plot', report.kind)}; nothing written", file=sys.stderr)
         ok = False
     for option, path, job in jobs:
         if path:
@@ -57,6 +56,13 @@ def write_outputs(outputs: Outputs, record: records.Record, report: Report) -> b
                 print(f"bench: {option} {path!r} could not be written: {exc.strerror or exc}", file=sys.stderr)
                 ok = False
     return ok
+
+
+def none_for(option: str, kind: str) -> str:
+    """Why ``option`` has nothing to write for a record of ``kind``, in words that hold for either option."""
+    has = "rig records with CUPTI gaps and engine records do" if option == "--plot" else "rig and engine records do"
+    what = "nothing to draw it from" if option == "--plot" else "no such report"
+    return f"{option}: this {kind} record has {what} ({has})"
 
 
 def _write_text(path: str, text: str) -> None:

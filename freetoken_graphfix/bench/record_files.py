@@ -57,9 +57,10 @@ def read(path: str) -> Record:
     """The record in ``path``, of any schema; :class:`RecordError` in one line naming the file and,
     where one is missing or odd, the field."""
     try:
-        if os.path.getsize(path) > MAX_BYTES:
-            raise RecordError(f"{path!r}: {os.path.getsize(path):,} bytes, more than a record holds (at most "
-                              f"{MAX_BYTES:,}); {ACCEPTED}")
+        size = os.path.getsize(path)
+        if size > MAX_BYTES:
+            raise RecordError(f"{path!r}: {size:,} bytes, more than a record holds (at most {MAX_BYTES:,}); "
+                              f"{ACCEPTED}")
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except FileNotFoundError:
