@@ -1,18 +1,11 @@
 """freetoken_graphfix: protect only the FreeToken CUDA graphs that need it, at no replay cost.
 
-``import freetoken_graphfix`` arms the shim (mode from ``FT_GRAPH_UPLOAD``, default ``auto``): it
-installs itself when FreeToken's graph module is imported, whichever comes first, and imports
-nothing heavy before that.
-
-Every import of the package arms it, the tools' (``python -m freetoken_graphfix ...``, the bench)
-included: Python runs this file for any submodule, and arming must not depend on which one was
-asked for, or ``import freetoken_graphfix.anything`` would silently leave FreeToken unprotected.
-Arming costs nothing until FreeToken's graph module is imported; a tool that must measure FreeToken
-as shipped in its own process says so with ``uninstall()``, which also puts ``FT_GRAPH_UPLOAD``
-back as the user set it.
+Importing the package changes nothing (OpenTelemetry's instrumentors, wrapt's patches): the shim is
+turned on by :func:`install` in a script, or by the bootstrap ``.pth`` in every process started with
+``FT_GRAPH_UPLOAD`` set, which arms :func:`_arm`'s install pending FreeToken's graph module. Either
+imports nothing heavy until FreeToken's graph module is imported. So a tool (the benchmarks, doctor)
+imports any module of the package without patching FreeToken in its own process.
 """
-
-from . import bootstrap
 
 TYPE_CHECKING = False  # typing is not imported at start-up; every name here is imported on use
 if TYPE_CHECKING:
@@ -35,6 +28,8 @@ def install(mode: "str | Mode | None" = None, *, device: "Device | None" = None,
     shim, why = _shim()
     if shim is None:
         import logging
+
+        from . import bootstrap
 
         bootstrap.disarm()  # said once, here: FreeToken's import will not try again
         logging.getLogger("freetoken_graphfix").error("freetoken_graphfix: not installed: %s", why)
@@ -69,14 +64,25 @@ def _shim() -> "tuple[Any, str]":
     return shim, ""
 
 
+def _arm(own_log_handler: bool = False) -> None:
+    """Install the shim once FreeToken's graph module is imported (now, if it already is), in the mode
+    ``FT_GRAPH_UPLOAD`` holds then: what the ``.pth`` does at start-up (its lines to stderr), and doctor
+    in its own process. A bad value is one ERROR line there, never an exception inside FreeToken's import."""
+    from . import bootstrap
+
+    bootstrap.arm(_install_armed, own_log_handler)
+
+
 def _install_armed(module: object) -> None:
-    """FreeToken's graph module was imported: complete the install this package's import armed.
+    """FreeToken's graph module was imported: complete the install :func:`_arm` armed.
 
     This runs inside FreeToken's import: whatever the shim lacks (a dependency an offline
     ``--no-deps`` install left out), FreeToken must import as shipped, and the shim stands down."""
     shim, why = _shim()
     if shim is None:
         import logging
+
+        from . import bootstrap
 
         bootstrap.disarm()
         logging.getLogger("freetoken_graphfix").error("freetoken_graphfix: not installed: %s; FreeToken keeps its own "
@@ -96,6 +102,3 @@ def __getattr__(name: str) -> "Any":
 
         return getattr(errors, name)
     raise AttributeError(f"module 'freetoken_graphfix' has no attribute {name!r}")
-
-
-bootstrap.arm(_install_armed)

@@ -5,7 +5,7 @@ FreeToken captures its graphs in ``freetoken-TP{i}-scheduler`` processes started
 multiprocessing "spawn" (``server/launch.py``), fresh interpreters that an ``import`` in the parent
 never reaches. The environment does reach them, and so does a ``.pth`` in site-packages
 (coverage's ``a1_coverage.pth`` idiom): ``freetoken_graphfix_bootstrap.pth`` imports the package
-only when ``FT_GRAPH_UPLOAD`` is set, and the package arms the install here. Most processes of the
+only when ``FT_GRAPH_UPLOAD`` is set, and the package's ``_arm`` arms the install here. Most processes of the
 environment (pip, tokenizer workers, scripts) never import FreeToken, so this module imports nothing
 but ``os`` and ``sys`` and is the only one the package loads at start-up: the install side
 (``shim``) is imported by the callback the package passes to :func:`arm`, once FreeToken's graph
@@ -39,12 +39,15 @@ class _Pending:
     own_log_handler = False
 
 
-def arm(hook: Callable[[ModuleType], None]) -> None:
+def arm(hook: Callable[[ModuleType], None], own_log_handler: bool = False) -> None:
     """Run ``hook`` once ``freetoken.engine.graph`` is imported (now, if it already is), unless an
     install is already pending. ``FT_GRAPH_UPLOAD`` unset or empty is exported as ``auto`` right
-    away, so processes started before FreeToken's import (spawned ranks) decide the same way."""
+    away, so processes started before FreeToken's import (spawned ranks) decide the same way. With
+    ``own_log_handler`` (the ``.pth``) the shim's lines go to this process's stderr: a server's
+    scheduler has no logging set up for them."""
     if _Pending.hook is not None:
         return
+    _Pending.own_log_handler = own_log_handler
     value = os.environ.get(ENV_MODE)
     _Pending.hook, _Pending.env_before = hook, value
     if not (value or "").strip():
@@ -81,12 +84,6 @@ def _install(module: ModuleType) -> None:
     if _Pending.own_log_handler:
         _add_log_handler()
     hook(module)
-
-
-def start() -> None:
-    """The ``.pth``'s entry point, once importing the package armed the shim in this process: the
-    shim's lines go to this process's stderr (a server's scheduler has no logging set up for them)."""
-    _Pending.own_log_handler = True
 
 
 def _add_log_handler() -> None:

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from . import __version__, bootstrap, config
 from .errors import ConfigError, GraphfixError
@@ -74,6 +75,16 @@ def do_patch(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"doctor": do_doctor, "run": do_run, "patch": do_patch}
+PLUGIN_GROUP = "freetoken_graphfix.commands"  # 'bench' (the benchmarks' own package) registers itself here
+PLUGIN_HELP = {"bench": "measure what the upload and each mode cost on this GPU (bench -h: its benchmarks)"}
+
+
+def commands_installed() -> dict[str, Any]:
+    """The commands other packages of the distribution register (``bench``): their entry points, by name. The
+    shim's package never imports the benchmarks; the command line finds them as pip finds its plugins."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
 DESCRIPTION = "Protect only the FreeToken CUDA graphs that need it, at no replay cost."
 
 
@@ -90,7 +101,9 @@ def parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, 
     ap = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
                                  epilog="'<command> -h' describes a command and its options.")
     ap.add_argument("--version", action="version", version=f"freetoken-graphfix {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True, title="commands", metavar="{doctor,run,patch,bench}")
+    plugins = list(commands_installed())
+    sub = ap.add_subparsers(dest="cmd", required=True, title="commands",
+                            metavar="{" + ",".join(["doctor", "run", "patch", *plugins]) + "}")
     doctor = sub.add_parser("doctor", help="what is installed and what the shim would do (run this first)",
                             description="What is installed, what the shim does with it in this process and in "
                                         "new ones, which patch series is applied, and, with a CUDA device, a short "
@@ -117,8 +130,8 @@ def parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, 
     where = patch.add_mutually_exclusive_group(required=True)
     where.add_argument("--repo", metavar="PATH", help="a FreeToken checkout (the folder holding python/freetoken/)")
     where.add_argument("--site", action="store_true", help="the FreeToken installed in this environment")
-    sub.add_parser("bench", help="measure what the upload and each mode cost on this GPU (bench -h: its benchmarks)",
-                   add_help=False)
+    for name in plugins:  # listed here, parsed by their own command line
+        sub.add_parser(name, add_help=False, help=PLUGIN_HELP.get(name, f"{name} -h: its own help"))
     return ap, {"doctor": doctor, "run": run, "patch": patch}
 
 
@@ -128,10 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     prog = program()
     try:
-        if argv[:1] == ["bench"]:  # bench owns its subcommands and options
-            from .bench import cli as bench_cli
-
-            return bench_cli.main(argv[1:], prog=f"{prog} bench")
+        if argv[:1] and argv[0] in (plugins := commands_installed()):  # a command of its own (git's external commands)
+            return plugins[argv[0]].load()(argv[1:], prog=f"{prog} {argv[0]}")
         ap, commands = parser(prog)
         if argv[:1] == ["--mode"] or argv[:1] and argv[0].startswith("--mode="):
             ap.error("--mode is run's option: put it after run (run --mode MODE -- COMMAND)")

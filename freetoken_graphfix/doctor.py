@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
+import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TextIO
 
 from . import __version__, bootstrap, config
 from .errors import ConfigError, shown
@@ -106,6 +112,8 @@ def _freetoken_lines(report: Report, shim_loads: bool) -> bool:
     """FreeToken as imported here, and what the shim did with it in this process; whether it imported."""
     import freetoken_graphfix
 
+    if shim_loads:
+        freetoken_graphfix._arm()  # as the .pth does in a new process: installed when FreeToken's graph imports
     with _quiet_freetoken():  # FreeToken's own INFO lines and progress bars are not this report
         try:
             import freetoken.engine.graph  # noqa: F401  (fires the shim's post-import hook)
@@ -126,8 +134,8 @@ def _freetoken_lines(report: Report, shim_loads: bool) -> bool:
     report.line("freetoken", f"{found['version']} at {where} ({tested})")
     if shim_loads:
         report.line("shim in doctor", f"{'patched' if state['patched'] else 'not patched'}"
-                    + (f", mode {state['mode']}" if state["mode"] else "") + f": {state['reason']} (doctor imports the "
-                    "shim itself, so this holds for this process only)")
+                    + (f", mode {state['mode']}" if state["mode"] else "") + f": {state['reason']} (doctor installs "
+                    "the shim itself, so this holds for this process only)")
         if state["deferred"]["reason"]:
             report.line("deferred guard", f"{'available' if state['deferred']['available'] else 'unavailable'}: "
                         f"{state['deferred']['reason']}")
@@ -178,11 +186,64 @@ def _short_check(line: Line) -> int:
     if not torch.cuda.is_available():
         line("short check", "skipped: no CUDA device")
         return 0
-    from .bench.rig import deadlock
-
-    check = deadlock.short_check()
-    for key, value in check.lines:
+    lines, problems, log = short_check()
+    for key, value in lines:
         line(key, value)
     line("replay verdict", f"freetoken-graphfix bench rig ({RIG_TIME}; does the upload cost this GPU?)")
-    line("short check log", check.log)
-    return check.problems
+    line("short check log", log)
+    return problems
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One first-launch probe as ``bench _probe`` prints it (its last stdout line, JSON), or why none came."""
+
+    mode: str
+    first_launch_ms: float = 0.0
+    blocked: bool = False
+    action: str = ""
+    hook_ms: float = 0.0
+    error: str | None = None
+
+
+def probe(kernels: int, mode: str, watchdog: float, log: TextIO) -> Probe:
+    """One graph of ``kernels`` behind a PLE wait-sync WAIT, captured and first launched in ``mode`` in a fresh
+    process: the benchmarks' own probe, through the command line (the shim never imports the benchmarks)."""
+    cmd = [sys.executable, "-m", "freetoken_graphfix", "bench", "_probe", "--mode", mode, "--kernels", str(kernels),
+           "--streams", "1", "--watchdog", str(watchdog)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, config.ENV_MODE: mode})
+    log.write(f"$ {' '.join(cmd)}\n{proc.stderr}\n")
+    try:
+        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        return Probe(mode, float(row["first_launch_ms"]), bool(row["blocked"]), str(row["action"]),
+                     float(row["hook_ms"]), row.get("error"))
+    except (IndexError, ValueError, KeyError, TypeError, AttributeError):
+        tail = (proc.stderr or "").strip().splitlines()
+        return Probe(mode, error=tail[-1] if tail else f"exit {proc.returncode}, no output")
+
+
+def short_check(kernels: int = 10000, watchdog: float = 4.0) -> tuple[list[tuple[str, str]], int, str]:
+    """Does a protected first launch block on this GPU, does an unprotected one (the control), and what does the hook
+    cost at capture: three probes at once, on a graph large enough to block on an H200. Its lines, problems, log."""
+    with tempfile.NamedTemporaryFile("w", prefix="graphfix-doctor-", suffix=".log", delete=False) as log:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            auto, skip, upload = pool.map(lambda mode: probe(kernels, mode, watchdog, log), ("auto", "skip", "upload"))
+    graph = f"{kernels:,}-kernel graph behind a PLE wait-sync WAIT"
+    lines, problems = [], 0
+    for label, row, protected in (("protected launch", auto, True), ("unprotected control", skip, False)):
+        if row.error:
+            lines.append((label, f"ERROR: {row.error} (see the log)"))
+            problems += 1
+        elif row.blocked:
+            problems += protected
+            lines.append((label, f"{row.mode}: BLOCKED until the watchdog ({watchdog:g} s) on a {graph}"
+                          + ("; the protection failed here: please report it" if protected else
+                             ": this GPU deadlocks without protection")))
+        else:
+            lines.append((label, f"{row.mode} ({row.action}): first launch {row.first_launch_ms:.1f} ms, "
+                          f"not blocked, on a {graph}"
+                          + ("" if protected else ": no block at this size (larger graphs can)")))
+    if not (auto.error or upload.error):
+        lines.append(("capture cost", f"auto {auto.hook_ms:.2f} ms a graph, upload {upload.hook_ms:.2f} ms "
+                      "a graph (FreeToken's own)"))
+    return lines, problems, log.name

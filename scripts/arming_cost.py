@@ -50,7 +50,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=21, help="paired runs (default 21)")
     runs = ap.parse_args().runs
-    from freetoken_graphfix.bench.stats import median_band
+    from freetoken_graphfix_bench.stats import median_band
 
     unset, auto = [], []
     for i in range(runs):

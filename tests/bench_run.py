@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from freetoken_graphfix.bench import record_files, records
+from freetoken_graphfix_bench import record_files, records
 
 ROOT = Path(__file__).resolve().parents[1]
 

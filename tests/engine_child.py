@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from freetoken_graphfix.bench.engine import run as engine_run
+from freetoken_graphfix_bench.engine import run as engine_run
 
 if str(engine_run.CHILD_DIR) not in sys.path:
     sys.path.append(str(engine_run.CHILD_DIR))

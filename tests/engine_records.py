@@ -7,11 +7,11 @@ import math
 import random
 from dataclasses import dataclass
 
-from freetoken_graphfix.bench import record_files, records
-from freetoken_graphfix.bench.engine import answer
-from freetoken_graphfix.bench.engine.figures import EngineFigures, figures_of
-from freetoken_graphfix.bench.engine.loop import LoopFigure
-from freetoken_graphfix.bench.engine.report import markdown_case, render
+from freetoken_graphfix_bench import record_files, records
+from freetoken_graphfix_bench.engine import answer
+from freetoken_graphfix_bench.engine.figures import EngineFigures, figures_of
+from freetoken_graphfix_bench.engine.loop import LoopFigure
+from freetoken_graphfix_bench.engine.report import markdown_case, render
 
 from .engine_child import copies as child
 

@@ -10,7 +10,7 @@ GPU machine), the real file is used instead.
 
 from __future__ import annotations
 
-from freetoken_graphfix.bench.model import VOCAB, text_config
+from freetoken_graphfix_bench.model import VOCAB, text_config
 
 EOS = 7
 TEMPLATE = '''"""Stand-in for FreeToken's tests/models/qwen4_exp/common.py (written by freetoken-graphfix's tests)."""

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from freetoken_graphfix.bench import arms as bench_arms
-from freetoken_graphfix.bench import records, verdicts
-from freetoken_graphfix.bench.engine import answer
-from freetoken_graphfix.bench.engine.figures import EngineFigures, figures_of
-from freetoken_graphfix.bench.reports import report_of
-from freetoken_graphfix.bench.rig import figures as rig_figures
-from freetoken_graphfix.bench.rig import report as rig_report
+from freetoken_graphfix_bench import arms as bench_arms
+from freetoken_graphfix_bench import records, verdicts
+from freetoken_graphfix_bench.engine import answer
+from freetoken_graphfix_bench.engine.figures import EngineFigures, figures_of
+from freetoken_graphfix_bench.reports import report_of
+from freetoken_graphfix_bench.rig import figures as rig_figures
+from freetoken_graphfix_bench.rig import report as rig_report
 
 Measured = Any  # a bench record (records.Record), or a GPU test's own steps (a dict)
 CHECKS: dict[str, list[Callable[[Measured], None]]] = {}
@@ -207,7 +207,7 @@ def the_kernel_timeline_comes_from_the_real_engine(m: Measured) -> None:
 # ---------------------------------------------------------------- a real ft serve (bench serve)
 
 def served(m: records.ServeRecord):
-    from freetoken_graphfix.bench.serve.report import judge as serve_judge
+    from freetoken_graphfix_bench.serve.report import judge as serve_judge
 
     (case,) = m.cases
     return case, serve_judge(case)

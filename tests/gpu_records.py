@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from freetoken_graphfix.bench import record_files, records
+from freetoken_graphfix_bench import record_files, records
 
 RECORDS = Path(__file__).with_name("records")
 ENV = "GRAPHFIX_RECORDS"

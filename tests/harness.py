@@ -230,7 +230,7 @@ def decode_step(runner, table, model: PleModel, ctx: Ctx, fake, bs: int, seed: i
     or FreeToken's own ``Engine.forward_batch`` when ``engine`` is given (``engine_for``).
     ``pad``: ``bs`` requests padded to the runner's next graph size, as the scheduler does."""
     # imported here, not at the top: tests/patched_run.py uses this module without the shim
-    from freetoken_graphfix.bench.rig.pieces import (
+    from freetoken_graphfix_bench.rig.pieces import (
         watchdog,  # releases the flag: a blocked launch is reported, not hung
     )
 

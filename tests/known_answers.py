@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from freetoken_graphfix.bench import record_files, records
-from freetoken_graphfix.bench.verdicts import CONTROL_ADDED
+from freetoken_graphfix_bench import record_files, records
+from freetoken_graphfix_bench.verdicts import CONTROL_ADDED
 
 ACTIONS = {"upload": "upload", "skip": "exposed", "warm": "warm", "deferred": "deferred", "auto": "deferred",
            "control": "exposed"}

@@ -14,7 +14,7 @@ STEPS = [(2, 11), (1, 12), (2, 13), (1, 14)]  # (bs, seed): first launches first
 
 def run(mode, sync="wait"):
     import freetoken_graphfix
-    from freetoken_graphfix.bench.rig.pieces import Rig
+    from freetoken_graphfix_bench.rig.pieces import Rig
 
     freetoken_graphfix.uninstall()  # importing the package armed it
     if mode is not None:

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from freetoken_graphfix.bench import cli, cupti, record_files, records, running, stats, timeline
-from freetoken_graphfix.bench.rig import figures, measure, report
+from freetoken_graphfix_bench import cli, cupti, record_files, records, running, stats, timeline
+from freetoken_graphfix_bench.rig import figures, measure, report
 
 
 def trace(tmp_path, launches, kernels, others=()):
@@ -261,7 +261,7 @@ def test_markdown_report_in_775s_terms():
 
 
 def test_startup_bench_measures_armed_and_off():
-    from freetoken_graphfix.bench import startup
+    from freetoken_graphfix_bench import startup
 
     rec = startup.startup(3)
     text = startup.render(rec)
@@ -307,7 +307,7 @@ def test_progress_stays_out_of_a_log(monkeypatch, capsys):
     ([(1.0, float("nan"), float("nan"))], "not judged: 5 runs are too few for a 95% interval (it needs 8 or more)"),
 ])
 def test_the_startup_target_is_judged_on_the_whole_interval(bands, word):
-    from freetoken_graphfix.bench import startup
+    from freetoken_graphfix_bench import startup
 
     assert startup.TARGET_MS == 5 and startup.startup_verdict(bands, 5) == word
     assert startup.startup_verdict([(1.0, float("nan"), float("nan"))], 1).startswith("not judged: 1 run is too few")

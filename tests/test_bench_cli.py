@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from freetoken_graphfix.bench import cli
+from freetoken_graphfix_bench import cli
 
 BENCHMARKS = ["rig", "deadlock", "engine", "serve", "startup", "report", "nsys", "launch", "write-model"]
 
@@ -118,7 +118,7 @@ def test_bad_paths_and_sizes_are_one_line_before_anything_runs(argv, line, tmp_p
 
 
 def test_an_empty_prompt_file_is_refused_not_the_default_text():
-    from freetoken_graphfix.bench import workload
+    from freetoken_graphfix_bench import workload
 
     with pytest.raises(ValueError, match="--prompt-file '': an empty path"):
         workload.read_text("")
@@ -128,8 +128,8 @@ def test_an_empty_prompt_file_is_refused_not_the_default_text():
 def test_a_startup_record_is_read_back_and_a_rig_record_without_its_command_renders(tmp_path, capsys):
     import json
 
-    from freetoken_graphfix.bench import record_files
-    from freetoken_graphfix.bench.rig import report
+    from freetoken_graphfix_bench import record_files
+    from freetoken_graphfix_bench.rig import report
 
     from .known_answers import rig_record
 
@@ -154,8 +154,8 @@ def test_a_gpu_benchmarks_refusal_has_the_same_prefix_as_every_other(capsys, mon
 
 
 def test_launch_renders_each_tracer_with_its_figure():
-    from freetoken_graphfix.bench.launch import LaunchTimes, render
-    from freetoken_graphfix.bench.stats import summary
+    from freetoken_graphfix_bench.launch import LaunchTimes, render
+    from freetoken_graphfix_bench.stats import summary
 
     text = render(LaunchTimes(1700, summary([24.0, 25.0, 26.0]), summary([1100.0, 1200.0, 1300.0])))
     assert text.splitlines()[0] == "host time of one cuGraphLaunch, a 1700-kernel graph, 3 launches each:"
@@ -171,7 +171,7 @@ def test_each_benchmark_reads_typed_settings_built_from_its_own_options():
     import dataclasses
     from pathlib import Path
 
-    from freetoken_graphfix.bench import settings
+    from freetoken_graphfix_bench import settings
 
     def parsed(*argv: str):
         opts = cli.parser().parse_args(list(argv))
@@ -196,8 +196,8 @@ def test_each_benchmark_reads_typed_settings_built_from_its_own_options():
 
 def test_logs_is_made_if_missing_before_the_benchmark_writes_into_it(tmp_path, monkeypatch):
     """``--logs DIR`` whose parent exists: the folder is made before the first process logs there."""
-    from freetoken_graphfix.bench import cases, records
-    from freetoken_graphfix.bench.engine import run as engine_run
+    from freetoken_graphfix_bench import cases, records
+    from freetoken_graphfix_bench.engine import run as engine_run
 
     seen = []
     monkeypatch.setattr(cli, "cuda_missing", lambda: None)

@@ -139,20 +139,19 @@ def test_an_empty_variable_arms_auto_as_the_readme_says():
     assert lines["shim in new processes"] == "installed: FT_GRAPH_UPLOAD='' -> mode auto"
 
 
-def test_a_package_that_fails_in_start_prints_one_line(tmp_path):
-    """A shadowing or half-removed package whose bootstrap has no working start(): one line, no traceback, in every
-    process of the environment (the whole .pth body is in its one guarded call)."""
+def test_a_package_that_fails_in_its_arming_prints_one_line(tmp_path):
+    """A shadowing or half-removed package with no working _arm(): one line, no traceback, in every process of the
+    environment (the whole .pth body is in its one guarded call)."""
     broken = tmp_path / "freetoken_graphfix"
     broken.mkdir()
-    (broken / "__init__.py").write_text("")
-    (broken / "bootstrap.py").write_text("")  # start() is gone
+    (broken / "__init__.py").write_text("")  # _arm() is gone
     env = child_env("auto")
     env["PYTHONPATH"] = str(tmp_path)
     out = subprocess.run([sys.executable, "-c", "print('alive')"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout == "alive\n"
     assert out.stderr.strip().splitlines() == [
-        "freetoken_graphfix: bootstrap not loaded: AttributeError(\"module 'freetoken_graphfix.bootstrap' has no "
-        "attribute 'start'\")"]
+        "freetoken_graphfix: bootstrap not loaded: AttributeError(\"module 'freetoken_graphfix' has no "
+        "attribute '_arm'\")"]
 
 
 def test_import_error_prints_one_line_and_the_child_runs(tmp_path):
@@ -393,7 +392,7 @@ def test_doctor_tells_the_truth():
     assert lines["FT_GRAPH_UPLOAD"] == "unset (mode auto)"
     assert lines["freetoken"].startswith("0.2.1 at ") and lines["freetoken"].endswith("(a tested release)")
     assert lines["shim in doctor"].startswith("patched, mode auto: freetoken 0.2.1 holds the capture-time upload")
-    assert lines["shim in doctor"].endswith("(doctor imports the shim itself, so this holds for this process only)")
+    assert lines["shim in doctor"].endswith("(doctor installs the shim itself, so this holds for this process only)")
     assert lines["deferred guard"].startswith("available")
     assert lines["bootstrap .pth"].endswith(bootstrap.PTH_NAME)
     assert lines["shim in new processes"] == (
@@ -462,7 +461,8 @@ def child(queue):
     queue.put(None if shim is None else shim.status()["patched"])
 
 if __name__ == "__main__":
-    import freetoken_graphfix  # the parent: armed, FreeToken's graph module not imported yet
+    import freetoken_graphfix
+    freetoken_graphfix.install()  # the parent: installed, FreeToken's graph module not imported yet
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=child, args=(queue,))
@@ -473,8 +473,8 @@ if __name__ == "__main__":
 
 
 def test_processes_started_after_the_import_get_the_shim_too(tmp_path):
-    """A program that imports freetoken_graphfix and then spawns its scheduler processes before its
-    own import of FreeToken: import exported FT_GRAPH_UPLOAD=auto, so the .pth arms the shim there."""
+    """A program that installs the shim and then spawns its scheduler processes before its own import of FreeToken:
+    install() exported FT_GRAPH_UPLOAD=auto, so the .pth arms the shim there."""
     script = tmp_path / "launcher.py"
     script.write_text(SPAWNED)
     out = subprocess.run([sys.executable, str(script)], env=child_env(None), capture_output=True, text=True,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from freetoken_graphfix.bench import cli
+from freetoken_graphfix_bench import cli
 
 HERE = Path(__file__).resolve().parent
 RECORDS = sorted((HERE / "records").rglob("*.json"))

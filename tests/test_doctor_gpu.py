@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from freetoken_graphfix import cli
-from freetoken_graphfix.bench import cli as bench_cli
-from freetoken_graphfix.bench.records import Probe
-from freetoken_graphfix.bench.rig import deadlock
+from freetoken_graphfix_bench import cli as bench_cli
+from freetoken_graphfix_bench.records import Probe
+from freetoken_graphfix_bench.rig import deadlock
 
 HEALTHY = {"auto": Probe("auto", 10000, 1, first_launch_ms=12.4, action="deferred", hook_ms=0.04),
            "skip": Probe("skip", 10000, 1, first_launch_ms=4008.0, blocked=True, action="skipped", hook_ms=0.01),

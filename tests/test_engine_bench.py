@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from freetoken_graphfix import config
-from freetoken_graphfix.bench import arms, model, stats
-from freetoken_graphfix.bench import options as bench_options
-from freetoken_graphfix.bench.engine import judge
-from freetoken_graphfix.bench.engine import run as engine_run
+from freetoken_graphfix_bench import arms, model, stats
+from freetoken_graphfix_bench import options as bench_options
+from freetoken_graphfix_bench.engine import judge
+from freetoken_graphfix_bench.engine import run as engine_run
 
 from .engine_records import judged, process, result, shim
 
@@ -245,7 +245,7 @@ def test_the_95_percent_multiplier_follows_the_rounds():
 
 
 def test_bad_engine_options_are_named(tmp_path, capsys):
-    from freetoken_graphfix.bench import cli
+    from freetoken_graphfix_bench import cli
 
     assert cli.main(["engine", "--layers", "48", "2", "--logs", str(tmp_path)]) == 1
     assert capsys.readouterr().err.strip().endswith("--layers: layers=2: need at least 4 (a QSA layer is every 4th, "
@@ -280,7 +280,7 @@ def test_an_engine_that_failed_shows_its_exception_not_freetokens_log(tmp_path, 
 
 
 def test_the_gpu_tests_put_benchs_options_before_freetokens(tmp_path):
-    from freetoken_graphfix.bench import cli
+    from freetoken_graphfix_bench import cli
 
     from .bench_run import bench_command
 

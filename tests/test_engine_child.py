@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from freetoken_graphfix.bench.engine import run as bench_engine
+from freetoken_graphfix_bench.engine import run as bench_engine
 
 from . import harness
 from .engine_child import copies, loop, seams
@@ -192,7 +192,7 @@ def test_the_wait_counter_counts_the_waits_enqueued_while_capturing_alone(monkey
 def test_the_child_loads_the_spin_module_by_path_from_where_the_package_lies():
     """The engine child imports nothing of the package: the positive control's spin comes from
     ``bench/spin.py`` by path, which must be found from the child's own folder (bench/engine/child/)."""
-    from freetoken_graphfix.bench import spin
+    from freetoken_graphfix_bench import spin
 
     module = copies.spin_module()
     assert module.__file__ == spin.__file__ and module.__name__ == "graphfix_spin"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from freetoken_graphfix.bench import arms, cli, stats, verdicts
-from freetoken_graphfix.bench.engine import detail, figures, loop
+from freetoken_graphfix_bench import arms, cli, stats, verdicts
+from freetoken_graphfix_bench.engine import detail, figures, loop
 
 from .engine_child import copies as child
 from .engine_child import seams
@@ -205,7 +205,7 @@ TIMELINE = {"launches": 40, "graph_kernels": 196, "step_kernels": 207, "busy_us"
 
 
 def test_the_kernel_timeline_comes_from_every_traced_process_with_its_spread():
-    from freetoken_graphfix.bench.records import TracedBs, TracedRun
+    from freetoken_graphfix_bench.records import TracedBs, TracedRun
 
     other = dict(TIMELINE, busy_us=1050.0, gap_us={"s1": 0.452})
     t = figures.timeline([TracedRun(by_bs={"2": TracedBs(**TIMELINE)}), TracedRun(by_bs={"2": TracedBs(**other)}),
@@ -304,7 +304,7 @@ def test_plot_draws_the_gap_distributions_and_the_steps(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the test extra installs matplotlib")
     record = rec(traced={"upstream": [{"by_bs": {"2": TIMELINE}}], "pre-697": [{"by_bs": {"2": TIMELINE}}]},
                  upstream=[looped(1), looped(2, step=1.22, host=0.4)], **{"pre-697": [looped(3), looped(4)]})
-    from freetoken_graphfix.bench.engine.plot import plot
+    from freetoken_graphfix_bench.engine.plot import plot
 
     png = tmp_path / "p.png"
     assert plot(record.case, record.figures, str(png)) == f"wrote {png}"
@@ -538,8 +538,8 @@ def test_a_timed_launch_releases_the_wait_just_before_and_times_between_its_even
 def test_the_readmes_example_report_is_what_the_code_prints_for_its_record():
     """docs/measuring.md shows the answer and the markdown's head for the llama on #775's workload: they are
     rendered here again, by the current code, from the record that run kept."""
-    from freetoken_graphfix.bench import record_files
-    from freetoken_graphfix.bench.reports import report_of
+    from freetoken_graphfix_bench import record_files
+    from freetoken_graphfix_bench.reports import report_of
 
     from .gpu_records import RECORDS
 

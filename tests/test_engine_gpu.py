@@ -15,11 +15,11 @@ import dataclasses
 import pytest
 
 from freetoken_graphfix import bootstrap
-from freetoken_graphfix.bench import arms, model, records, target
-from freetoken_graphfix.bench.cases import Case
-from freetoken_graphfix.bench.engine.run import engine_case
-from freetoken_graphfix.bench.reports import report_of
-from freetoken_graphfix.bench.settings import EngineSettings
+from freetoken_graphfix_bench import arms, model, records, target
+from freetoken_graphfix_bench.cases import Case
+from freetoken_graphfix_bench.engine.run import engine_case
+from freetoken_graphfix_bench.reports import report_of
+from freetoken_graphfix_bench.settings import EngineSettings
 
 from . import gpu_checks
 from .bench_run import bench_record

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from freetoken_graphfix.bench import cli as bench_cli
+from freetoken_graphfix_bench import cli as bench_cli
 
 from .test_bootstrap import child_env, run_cli
 from .test_patches import file_bound
@@ -171,7 +171,7 @@ def test_write_model_in_a_read_only_folder_is_one_line(tmp_path):
 
 
 def test_a_written_model_folder_follows_the_umask(tmp_path):
-    out = subprocess.run([sys.executable, "-c", "import os, sys; os.umask(0o022); from freetoken_graphfix.bench "
+    out = subprocess.run([sys.executable, "-c", "import os, sys; os.umask(0o022); from freetoken_graphfix_bench "
                           "import cli; sys.exit(cli.main(sys.argv[1:]))", "write-model", str(tmp_path / "m"),
                           "--family", "llama"], env=child_env(None), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -188,7 +188,7 @@ def test_bench_without_a_module_it_needs_is_one_line(tmp_path, module, args):
     llama = tmp_path / "llama"
     assert run_cli("bench", "write-model", str(llama), "--family", "llama").returncode == 0
     args = [a.format(llama=llama, new=tmp_path / "new") for a in args]
-    code = (f"import sys; sys.modules[{module!r}] = None\nfrom freetoken_graphfix.bench import cli\n"
+    code = (f"import sys; sys.modules[{module!r}] = None\nfrom freetoken_graphfix_bench import cli\n"
             "cli.cuda_missing = lambda: None  # as on a GPU machine\nsys.exit(cli.main(sys.argv[1:]))")
     out = subprocess.run([sys.executable, "-c", code, *args], env=child_env(None), capture_output=True, text=True,
                          timeout=120)
@@ -203,7 +203,7 @@ def test_no_gpu_is_said_before_freetoken_is_imported(tmp_path):
     import's ten), and nothing of FreeToken's log is printed."""
     llama = tmp_path / "llama"
     assert run_cli("bench", "write-model", str(llama), "--family", "llama").returncode == 0
-    code = ("import sys, torch; torch.cuda.is_available = lambda: False\nfrom freetoken_graphfix.bench import cli\n"
+    code = ("import sys, torch; torch.cuda.is_available = lambda: False\nfrom freetoken_graphfix_bench import cli\n"
             "code = cli.main(sys.argv[1:]); print(sorted(m for m in sys.modules if m.startswith('freetoken.')))\n"
             "sys.exit(code)")
     out = subprocess.run([sys.executable, "-c", code, "engine", "--model", str(llama), "--", "--dummy-weight"],

@@ -2,7 +2,7 @@
 
 FreeToken 0.2.1's real ``GraphRunner._capture_graphs`` and ``replay``, a real ``DiskRowTable`` in
 CUDA wait-sync mode over a synthetic safetensors PLE checkpoint, driven through the real
-``forward_host_ctx`` protocol (``freetoken_graphfix.bench.rig.pieces``). Substituted: the model (PLE lookup, then
+``forward_host_ctx`` protocol (``freetoken_graphfix_bench.rig.pieces``). Substituted: the model (PLE lookup, then
 small kernels), the attention backend and the dummy request; nothing of FreeToken's graph,
 row-store or PLE code. What each record must show is in ``gpu_checks``.
 """
@@ -24,7 +24,7 @@ STEPS = [(2, 11), (1, 12), (2, 13), (1, 14)]  # (bs, seed) in serving order, fir
 
 @pytest.fixture(scope="module")
 def rig():
-    from freetoken_graphfix.bench.rig.pieces import Rig
+    from freetoken_graphfix_bench.rig.pieces import Rig
 
     return Rig(kernels=10000, streams=1)
 
@@ -67,7 +67,7 @@ def test_modes(modes, check):
 
 
 def test_deferred_at_64k_kernels(clean_shim):
-    from freetoken_graphfix.bench.rig.pieces import Rig
+    from freetoken_graphfix_bench.rig.pieces import Rig
 
     big = Rig(kernels=64000, streams=1)
     freetoken_graphfix.install("deferred")
@@ -122,9 +122,9 @@ def test_unknown_owner_warm_replayed(clean_shim):
 
 def rig_record(*argv: str):
     """``bench rig`` with ``argv``, measured in this process."""
-    from freetoken_graphfix.bench import cli
-    from freetoken_graphfix.bench.rig.measure import run_arms
-    from freetoken_graphfix.bench.settings import RigSettings, from_options
+    from freetoken_graphfix_bench import cli
+    from freetoken_graphfix_bench.rig.measure import run_arms
+    from freetoken_graphfix_bench.settings import RigSettings, from_options
 
     return run_arms(from_options(RigSettings, cli.parser().parse_args(["rig", *argv])), "bench rig " + " ".join(argv))
 

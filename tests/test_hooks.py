@@ -34,15 +34,25 @@ def run_child(imports: str, env: dict | None = None, pythonpath: str | None = No
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
+INSTALL = "import freetoken_graphfix\nfreetoken_graphfix.install()"
+
+
 @pytest.mark.parametrize("imports", [
-    "import freetoken_graphfix\nimport freetoken.engine.graph",
-    "import freetoken.engine.graph\nimport freetoken_graphfix",
+    f"{INSTALL}\nimport freetoken.engine.graph",
+    f"import freetoken.engine.graph\n{INSTALL}",
 ])
 def test_both_import_orders_patch(imports):
     report, _ = run_child(imports)
     assert report["upload"] == "FunctionWrapper"
     assert report["status"]["patched"] and report["status"]["mode"] == "auto"
     assert report["cuda"] is False  # Engine.__init__ asserts CUDA is uninitialised (engine.py 408)
+
+
+def test_importing_the_package_alone_patches_nothing():
+    """Only ``install()`` (or the ``.pth``, with the variable set) turns the shim on: a tool imports it freely."""
+    report, log = run_child("import freetoken_graphfix\nimport freetoken_graphfix.shim")
+    assert report["upload"] == "function" and not report["status"]["patched"] and not report["status"]["installed"]
+    assert "freetoken_graphfix" not in log
 
 
 def test_import_does_not_import_torch():
@@ -139,8 +149,8 @@ def test_bad_mode_argument(clean_shim):
         freetoken_graphfix.install("fast")
 
 
-def test_bad_env_value_at_import():
-    """Importing the package never raises (an import hook must not break FreeToken's import): once
+def test_bad_env_value_at_start_up():
+    """The ``.pth`` never raises (an import hook must not break FreeToken's import): once
     FreeToken is imported, one ERROR line names the variable, the value and the accepted values, and
     FreeToken keeps its own upload."""
     code = ("import freetoken_graphfix, json; import freetoken.engine.graph as g; "
@@ -220,7 +230,7 @@ def test_failure_midway_leaves_nothing_patched(clean_shim, monkeypatch):
 def test_freetoken_013_is_patched_with_one_info_line(freetoken_tree):
     """0.1.3 has no upload, but the same WAIT: patched (its WAITs seen through _ple_store), and the
     only line the shim prints in process is the one INFO line the README promises."""
-    report, log = run_child("import freetoken_graphfix", pythonpath=str(freetoken_tree("0.1.3")))
+    report, log = run_child(INSTALL, pythonpath=str(freetoken_tree("0.1.3")))
     st = report["status"]
     assert st["freetoken"]["version"] == "0.1.3" and st["freetoken"]["tested"] and report["upload"] == "NoneType"
     assert st["patched"] and st["deferred"]["available"]
@@ -230,7 +240,7 @@ def test_freetoken_013_is_patched_with_one_info_line(freetoken_tree):
 
 
 def test_freetoken_012_has_nothing_to_protect(freetoken_tree):
-    report, log = run_child("import freetoken_graphfix", pythonpath=str(freetoken_tree("0.1.2")))
+    report, log = run_child(INSTALL, pythonpath=str(freetoken_tree("0.1.2")))
     st = report["status"]
     assert st["freetoken"]["version"] == "0.1.2" and not st["patched"]
     shim_lines = [line for line in log.splitlines() if "freetoken_graphfix" in line]
@@ -312,7 +322,7 @@ def test_a_release_of_no_valid_version_is_an_untested_one(clean_shim, monkeypatc
 
 
 def test_freetoken_020_is_patched(freetoken_tree):
-    report, _ = run_child("import freetoken_graphfix", pythonpath=str(freetoken_tree("0.2.0")))
+    report, _ = run_child(INSTALL, pythonpath=str(freetoken_tree("0.2.0")))
     st = report["status"]
     assert st["freetoken"]["version"] == "0.2.0" and st["patched"] and st["freetoken"]["tested"]
     assert report["upload"] == "FunctionWrapper" and st["deferred"]["available"]
@@ -385,7 +395,7 @@ def test_status_after_uninstall_tells_the_truth(clean_shim):
 
 
 def test_status_before_freetoken_import():
-    code = "import json, freetoken_graphfix as f; print(json.dumps(f.status()))"
+    code = "import json, freetoken_graphfix as f; f.install(); print(json.dumps(f.status()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     st = json.loads(out.stdout)
     assert st["installed"] and not st["patched"]
@@ -415,7 +425,7 @@ def test_install_at_freetokens_import_imports_no_more_of_freetoken():
 def test_the_wait_function_is_wrapped_once_freetoken_imports_it():
     """Patched at engine.graph's import, the WAIT function is wrapped when FreeToken itself imports its
     module, not before."""
-    code = ("import sys, json, wrapt, freetoken_graphfix; import freetoken.engine.graph; "
+    code = ("import sys, json, wrapt, freetoken_graphfix; freetoken_graphfix.install(); import freetoken.engine.graph; "
             "before = 'freetoken.kernel.row_store' in sys.modules; import freetoken.kernel.row_store as rs; "
             "print(json.dumps([before, isinstance(vars(rs)['wait_reset'], wrapt.FunctionWrapper), "
             "freetoken_graphfix.status()['patched']]))")
@@ -433,7 +443,7 @@ def test_a_wait_function_found_changed_at_its_import_stands_the_shim_down(freeto
     row_store = tree / "freetoken" / "kernel" / "row_store.py"
     row_store.write_text(row_store.read_text() + "\n_real = wait_reset\n\n\ndef wait_reset(flag, stream, value=1):"
                          "\n    return _real(stream, flag)\n")
-    code = ("import json, logging, sys, wrapt, freetoken_graphfix; "
+    code = ("import json, logging, sys, wrapt, freetoken_graphfix; freetoken_graphfix.install(); "
             "logging.basicConfig(level=logging.INFO, stream=sys.stderr, format='%(levelname)s %(message)s'); "
             "import freetoken.engine.graph as g; patched = freetoken_graphfix.status()['patched']; "
             "import freetoken.kernel.row_store; st = freetoken_graphfix.status(); "

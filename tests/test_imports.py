@@ -1,9 +1,9 @@
-"""Every import of the package's own modules resolves, the lazy ones inside functions included.
+"""Every import of the distribution's own modules resolves, the lazy ones inside functions included.
 
 A lazy ``from .x import y`` fails only when its branch runs: doctor's short check runs only where
 CUDA is available, so a module moved under it broke doctor on every GPU machine while every CPU
-test passed. This walks each file's syntax tree, resolves every relative import (and every absolute
-one of ``freetoken_graphfix``) to its module, imports it and looks each name up there.
+test passed. This walks each file's syntax tree (both packages), resolves every relative import (and
+every absolute one of either package) to its module, imports it and looks each name up there.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "freetoken_graphfix"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("freetoken_graphfix", "freetoken_graphfix_bench")
+CHILD = ROOT / "freetoken_graphfix_bench" / "engine" / "child"  # run by path: its imports are its siblings'
 
 
 def module_name(path: Path) -> str:
-    """``freetoken_graphfix.bench.rig.deadlock`` for ``freetoken_graphfix/bench/rig/deadlock.py``."""
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    """``freetoken_graphfix_bench.rig.deadlock`` for ``freetoken_graphfix_bench/rig/deadlock.py``."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -40,10 +42,10 @@ def own_imports(path: Path, package: str) -> list[tuple[int, str, list[str]]]:
             base = base[:len(base) - (node.level - 1)]
             target = ".".join([*base, node.module] if node.module else base)
             found.append((node.lineno, target, [a.name for a in node.names]))
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "freetoken_graphfix":
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
             found.append((node.lineno, node.module, [a.name for a in node.names]))
         elif isinstance(node, ast.Import):
-            found += [(node.lineno, a.name, []) for a in node.names if a.name.split(".")[0] == "freetoken_graphfix"]
+            found += [(node.lineno, a.name, []) for a in node.names if a.name.split(".")[0] in PACKAGES]
     return found
 
 
@@ -62,24 +64,27 @@ def unresolved(path: Path, package: str) -> list[str]:
     return bad
 
 
-FILES = sorted(PACKAGE.rglob("*.py"))
+FILES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py") if CHILD not in p.parents)
 
 
 def test_the_walk_sees_the_lazy_imports_it_exists_for():
-    """The import doctor's short check makes inside a function is among those checked."""
-    doctor = own_imports(PACKAGE / "doctor.py", "freetoken_graphfix")
-    assert ("freetoken_graphfix.bench.rig", ["deadlock"]) in [(target, names) for _, target, names in doctor]
+    """The imports the rig's measurement makes inside a function, of its own package and of the shim's, are among
+    those checked."""
+    measure = own_imports(ROOT / "freetoken_graphfix_bench" / "rig" / "measure.py", "freetoken_graphfix_bench.rig")
+    found = [(target, names) for _, target, names in measure]
+    assert ("freetoken_graphfix_bench.rig.pieces", ["Rig", "install_mode", "last_pass"]) in found
+    assert ("freetoken_graphfix.deferred", ["FirstLaunchGuard"]) in found
 
 
-@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(PACKAGE)) for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
 def test_every_own_import_resolves(path):
     assert unresolved(path, package_of(path)) == []
 
 
 def test_a_moved_module_is_caught(tmp_path):
-    """The check itself: doctor's lazy import as it stood before the fix (the module had moved) is red."""
-    stale = (PACKAGE / "doctor.py").read_text(encoding="utf-8")
-    assert "from .bench.rig import deadlock" in stale
-    moved = tmp_path / "doctor.py"
-    moved.write_text(stale.replace("from .bench.rig import deadlock", "from .bench import deadlock"), encoding="utf-8")
-    assert [line for line in unresolved(moved, "freetoken_graphfix") if "has no deadlock" in line]
+    """The check itself: a lazy import naming a module that is not there (as doctor's did once) is red."""
+    stale = (ROOT / "freetoken_graphfix_bench" / "rig" / "measure.py").read_text(encoding="utf-8")
+    assert "    from .pieces import Rig" in stale
+    moved = tmp_path / "measure.py"
+    moved.write_text(stale.replace("    from .pieces import Rig", "    from .piece import Rig"), encoding="utf-8")
+    assert [line for line in unresolved(moved, "freetoken_graphfix_bench.rig") if "no module" in line]

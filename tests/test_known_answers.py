@@ -8,7 +8,7 @@ import functools
 
 import pytest
 
-from freetoken_graphfix.bench.rig import figures, report
+from freetoken_graphfix_bench.rig import figures, report
 
 from .known_answers import rig_record
 
@@ -101,7 +101,7 @@ LOOP_COSTS = (-0.03, 0.0, 0.01, 0.021, 0.05, 0.10)
 def loop_figures(cost: float, apart: float) -> list:
     """Three processes a seed, four copies a kind, the executables a known spread apart (placement),
     the uploaded ones ``1 + cost`` slower: the loop's step figure per bs, over 20 seeds (40 figures)."""
-    from freetoken_graphfix.bench.engine import loop
+    from freetoken_graphfix_bench.engine import loop
 
     from .engine_records import looped, process
 
@@ -114,7 +114,7 @@ def loop_figures(cost: float, apart: float) -> list:
 @pytest.mark.parametrize("cost", LOOP_COSTS)
 def test_the_decode_loop_names_a_known_upload_cost_and_never_invents_one(cost, apart):
     """The verdict's direction right in 39 of 40 figures or more, never a cost or a speed-up at 0."""
-    from freetoken_graphfix.bench import verdicts
+    from freetoken_graphfix_bench import verdicts
 
     want = (verdicts.COSTS,) if cost > 0 else (verdicts.FASTER,) if cost < 0 else (verdicts.NO_COST, verdicts.CANNOT)
     judged = [verdicts.judged(f.ratio, f.half) for f in loop_figures(cost, apart)]
@@ -143,8 +143,8 @@ def test_across_processes_a_known_cost_is_named_and_none_invented(cost, apart):
     cost's direction in 19 of 20 seeds or more, and never a cost or a speed-up at 0."""
     import random
 
-    from freetoken_graphfix.bench import verdicts
-    from freetoken_graphfix.bench.engine import detail
+    from freetoken_graphfix_bench import verdicts
+    from freetoken_graphfix_bench.engine import detail
 
     from .engine_records import looped
     from .test_engine_figures import rec

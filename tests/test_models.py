@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from freetoken_graphfix.bench import cases, cli, model, target, workload
-from freetoken_graphfix.bench.engine import judge
-from freetoken_graphfix.bench.engine.report import DETAIL
+from freetoken_graphfix_bench import cases, cli, model, target, workload
+from freetoken_graphfix_bench.engine import judge
+from freetoken_graphfix_bench.engine.report import DETAIL
 
 from .engine_records import judged as judged_case
 from .engine_records import process

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from freetoken_graphfix.bench import cli, nsys
+from freetoken_graphfix_bench import cli, nsys
 
 COLUMNS = ["Start (ns)", "Duration (ns)", "CorrId", "GrdX", "GrdY", "GrdZ", "BlkX", "BlkY", "BlkZ", "Reg/Trd",
            "StcSMem (MB)", "DymSMem (MB)", "Bytes (MB)", "Throughput (MBps)", "SrcMemKd", "DstMemKd", "Device", "Ctx",

@@ -26,13 +26,13 @@ def test_wheels_carry_the_pth_at_their_root(tmp_path):
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Each module of the package and the modules of the package it imports (anywhere in it,
+    """Each module of both packages and the modules of them it imports (anywhere in it,
     functions included: an import inside a function still ties the two modules together)."""
     import ast
 
-    package = ROOT / "freetoken_graphfix"
     modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
-               for p in package.rglob("*.py")}
+               for package in ("freetoken_graphfix", "freetoken_graphfix_bench")
+               for p in (ROOT / package).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         here = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]

@@ -141,7 +141,7 @@ def test_the_appendix_writes_the_models_the_bench_writes(tmp_path):
 
     from safetensors import safe_open
 
-    from freetoken_graphfix.bench import model
+    from freetoken_graphfix_bench import model
 
     cover = (ROOT / "patches" / "0000-cover-letter.patch").read_text()
     script = appendix_script(cover, "make_models.py")

@@ -11,8 +11,8 @@ import stat
 import pytest
 
 from freetoken_graphfix import safe_files, status_record
-from freetoken_graphfix.bench import outputs, record_files
 from freetoken_graphfix.errors import UnsafePathError
+from freetoken_graphfix_bench import outputs, record_files
 
 
 def victim(tmp_path):

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from freetoken_graphfix import status_record
-from freetoken_graphfix.bench import model, record_files, records, workload
-from freetoken_graphfix.bench.serve import report as serve
-from freetoken_graphfix.bench.serve import run as serve_run
+from freetoken_graphfix_bench import model, record_files, records, workload
+from freetoken_graphfix_bench.serve import report as serve
+from freetoken_graphfix_bench.serve import run as serve_run
 
 
 @pytest.fixture(scope="module")

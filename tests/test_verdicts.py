@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from freetoken_graphfix.bench import cli, spin
-from freetoken_graphfix.bench.engine import answer, detail, loop
-from freetoken_graphfix.bench.engine.detail import AS_CONTROL, LAUNCH_PATH
-from freetoken_graphfix.bench.stats import Ratio, half_width, t975
-from freetoken_graphfix.bench.verdicts import CANNOT, COSTS, FASTER, NO_COST, WITHIN_AA, judged, recovered, worst
+from freetoken_graphfix_bench import cli, spin
+from freetoken_graphfix_bench.engine import answer, detail, loop
+from freetoken_graphfix_bench.engine.detail import AS_CONTROL, LAUNCH_PATH
+from freetoken_graphfix_bench.stats import Ratio, half_width, t975
+from freetoken_graphfix_bench.verdicts import CANNOT, COSTS, FASTER, NO_COST, WITHIN_AA, judged, recovered, worst
 
 from .engine_records import NOOP, figure, looped, process, shim
 from .test_engine_figures import own_line, rec
@@ -122,8 +122,8 @@ def test_the_band_covers_how_far_processes_lie_apart():
 
 def saved(tmp_path, judged_case):
     """A case written as ``bench engine --json`` writes its record, and read back as ``bench report`` reads it."""
-    from freetoken_graphfix.bench import record_files, records
-    from freetoken_graphfix.bench.reports import report_of
+    from freetoken_graphfix_bench import record_files, records
+    from freetoken_graphfix_bench.reports import report_of
 
     path = tmp_path / "record.json"
     record_files.write(str(path), records.EngineRecord([judged_case.case]))

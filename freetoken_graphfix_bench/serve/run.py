@@ -28,8 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ... import status_record
-from ...config import ENV_STATUS_DIR
+from freetoken_graphfix import status_record
+from freetoken_graphfix.config import ENV_STATUS_DIR
+
 from ..arms import ARMS, arm_env, patched_freetoken
 from ..cases import Case
 from ..records import Environment, Request, ServeCase, ServeRun, ShimPass

@@ -23,11 +23,24 @@ from typing import Any
 
 import torch
 
-from ...device import read_flag
+import freetoken_graphfix
+from freetoken_graphfix.device import read_flag
+from freetoken_graphfix.status_record import CapturePass, Status
 
 PREFIX = "model.layers.1.ple.ple_embedding.ngram_embedding."
 SHARDS, ROWS, DIM, HEADS, VOCAB, EOS, SCALE = 4, 400, 160, 16, 248320, 7, 0.0137
 LOGITS = 64  # the width of the synthetic logits
+
+
+def install_mode(mode: str) -> None:
+    """The shim in ``mode`` in this process, whatever the ``.pth`` armed: its graphs captured from now on."""
+    freetoken_graphfix.uninstall()
+    freetoken_graphfix.install(mode)
+
+
+def last_pass() -> CapturePass:
+    """The shim's latest capture pass, typed, through its public ``status()``."""
+    return Status.from_dict(freetoken_graphfix.status()).passes[-1]
 
 
 def write_ple_checkpoint(folder: str) -> None:
@@ -224,7 +237,7 @@ def watchdog(flag: torch.Tensor | None, seconds: float):
 
     def run() -> None:
         if flag is not None and not done.wait(seconds):
-            from ...device import signal_flag
+            from freetoken_graphfix.device import signal_flag
 
             fired.set()
             signal_flag(flag)

@@ -46,7 +46,7 @@ def gaps_from_child(settings: RigSettings) -> tuple[dict[str, Any], str]:
     initialised before the capture, never in the timing process."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "gaps.json")
-        cmd = [sys.executable, "-m", "freetoken_graphfix", "bench", "rig", "--gaps-into", out,
+        cmd = [sys.executable, "-m", "freetoken_graphfix_bench", "rig", "--gaps-into", out,
                "--kernels", str(settings.kernels), "--streams", str(settings.streams), "--instances", "1",
                "--profile-reps", str(settings.profile_reps), "--batch-sizes", *map(str, settings.batch_sizes),
                "--modes", *settings.modes, *(["--no-wait"] if settings.no_wait else []),

@@ -47,7 +47,7 @@ class Environment:
         """This machine's GPU, driver and versions, now."""
         import torch
 
-        from ..compat import freetoken_version
+        from freetoken_graphfix.compat import freetoken_version
 
         driver = "unknown"
         try:

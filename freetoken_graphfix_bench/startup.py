@@ -34,7 +34,7 @@ def startup(runs: int) -> StartupRecord:
     import shutil
     import venv
 
-    from .. import bootstrap
+    from freetoken_graphfix import bootstrap
 
     pth = bootstrap.installed_pth()
     if pth is None:

@@ -7,8 +7,9 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from ...decide import NO_WAIT
-from ...detect import PLE_KIND
+from freetoken_graphfix.decide import NO_WAIT
+from freetoken_graphfix.detect import PLE_KIND
+
 from ..arms import ARMS
 from ..records import ServeCase, ServeRun
 from ..workload import SINGLE

@@ -4,7 +4,8 @@ graphs held the host-released WAIT at all (``wait_case_of``). The safety targets
 
 from __future__ import annotations
 
-from ... import config
+from freetoken_graphfix import config
+
 from ..arms import ARMS, GATE, expected_action
 from ..records import EngineProcess
 

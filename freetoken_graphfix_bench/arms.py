@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import config, series
+from freetoken_graphfix import config, series
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ import types
 import typing
 from typing import Any, Union
 
-from .. import safe_files
+from freetoken_graphfix import safe_files
+
 from .records import KINDS, SCHEMA, Record
 
 ACCEPTED = "accepted values are a record a bench --json wrote (" + ", ".join(KINDS) + ")"

@@ -31,8 +31,9 @@ def build_arms(settings: RigSettings, control: bool = False
     """
     import torch
 
-    from ... import shim
-    from .pieces import Rig
+    import freetoken_graphfix
+
+    from .pieces import Rig, install_mode, last_pass
 
     rig = Rig(kernels=settings.kernels, streams=settings.streams, wait=not settings.no_wait, h2d=settings.h2d)
     bs_list = tuple(sorted(settings.batch_sizes, reverse=True))
@@ -41,15 +42,14 @@ def build_arms(settings: RigSettings, control: bool = False
     logits: dict[str, list[dict[int, Any]]] = {}
 
     def capture(name: str, mode: str) -> None:
-        shim.uninstall()
-        shim.install(mode)
+        install_mode(mode)
         rec = arms[name] = RigArm([], {}, {str(bs): FirstLaunches([], []) for bs in bs_list},
                                   {str(bs): [[] for _ in range(settings.instances)] for bs in bs_list})
         for i in range(settings.instances):
             t0 = time.perf_counter()
             runner = runners[name, i] = rig.capture(bs_list)
             rec.capture_s.append(time.perf_counter() - t0)
-            for g in shim.status().passes[-1].graphs:
+            for g in last_pass().graphs:
                 graph = rec.graphs.setdefault(str(g.name), GraphActions([], []))
                 graph.action.append(g.action)
                 graph.hook_ms.append(g.hook_ms)
@@ -71,7 +71,7 @@ def build_arms(settings: RigSettings, control: bool = False
         capture(CONTROL, "skip")  # never uploaded, exactly as skip's graphs, plus the spin
         rig.model.spin_cycles = 0
         calibration = Spin(**calibrated, step_us=step_us)
-    shim.uninstall()
+    freetoken_graphfix.uninstall()
     ref = logits.get("upload", next(iter(logits.values())))[0]
     for arm, per_instance in logits.items():
         arms[arm].logits_equal_upload = all(torch.equal(got[bs], ref[bs]) for got in per_instance for bs in bs_list)
@@ -98,7 +98,7 @@ def replay_times(rig: Any, runners: dict[tuple[str, int], Any], keys: list[tuple
 
 def launcher(rig: Any, runners: dict[tuple[str, int], Any]) -> Any:
     """Replay instance ``i`` of ``arm``'s graph for ``bs``, its head WAIT released just before the launch."""
-    from ...device import read_flag, signal_flag
+    from freetoken_graphfix.device import read_flag, signal_flag
 
     flag = rig.table._flag if rig.table is not None else None
 
@@ -160,7 +160,7 @@ def armed_hook_cost(calls: int = 20000) -> float:
     FreeToken's own, so this is the whole cost, and only until the last marked graph launches)."""
     from types import SimpleNamespace
 
-    from ...deferred import FirstLaunchGuard
+    from freetoken_graphfix.deferred import FirstLaunchGuard
 
     class Table:
         def host_fill_batch(self, batch: Any, use_graph: bool) -> Any:

@@ -1,5 +1,5 @@
 """``bench deadlock``: first launches, one graph per (kernels, streams, mode) case, each in its own
-process; and ``doctor``'s short check, three such cases."""
+process (``doctor``'s short check runs three such cases through ``bench _probe``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TextIO
 
 from ..record_files import build
@@ -25,25 +23,23 @@ STREAMS = (1, 4)  # each size runs on one stream and on four (fork/join per laye
 def probe(settings: ProbeSettings) -> Probe:
     """One case: capture one graph (head WAIT + kernels) in ``mode``, then its first launch in
     FreeToken's serving order with a watchdog. Printed as one JSON line by the hidden ``_probe``."""
-    from ... import shim
-    from .pieces import Rig
+    from .pieces import Rig, install_mode, last_pass
 
     rig = Rig(kernels=settings.kernels, streams=settings.streams, wait=True)
-    shim.uninstall()  # importing the package armed the environment's mode
-    shim.install(settings.mode)
+    install_mode(settings.mode)
     t0 = time.perf_counter()
     runner = rig.capture((1,))
     capture_s = time.perf_counter() - t0
     first = rig.step(runner, 1, seed=1, watchdog_s=settings.watchdog)
     later = rig.step(runner, 1, seed=2, watchdog_s=settings.watchdog)
-    graph = shim.status().passes[-1].graphs[0]
+    graph = last_pass().graphs[0]
     return Probe(settings.mode, settings.kernels, settings.streams, first.launch_ms, first.fired, later.fired,
                  capture_s, graph.action, graph.hook_ms)
 
 
 def run_case(kernels: int, streams: int, mode: str, watchdog: float, log: TextIO | None = None) -> Probe:
     """One probe in a fresh process (its stderr to ``log`` when given); its row, or the error."""
-    cmd = [sys.executable, "-m", "freetoken_graphfix", "bench", "_probe", "--mode", mode,
+    cmd = [sys.executable, "-m", "freetoken_graphfix_bench", "_probe", "--mode", mode,
            "--kernels", str(kernels), "--streams", str(streams), "--watchdog", str(watchdog)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "FT_GRAPH_UPLOAD": mode})
     if log is not None:
@@ -88,39 +84,3 @@ def failures(record: DeadlockRecord) -> list[str]:
     """A protected mode whose probe failed or blocked (``skip``, unprotected, may block)."""
     return [f"{p.mode} at {p.kernels} kernels, {p.streams} streams: {p.error or 'blocked'}"
             for p in record.probes if p.mode != "skip" and (p.error or p.blocked)]
-
-
-@dataclass
-class ShortCheck:
-    lines: list[tuple[str, str]]  # (label, value) for doctor's report
-    problems: int
-    log: str  # where the probes' own output went
-
-
-def short_check(kernels: int = 10000, watchdog: float = 4.0) -> ShortCheck:
-    """What one short run can support, for ``doctor``: does a protected first launch block on this
-    GPU, does an unprotected one (the control), and what does the hook cost at capture. Three
-    probes at once, each a fresh process on a graph large enough to block on an H200."""
-    with tempfile.NamedTemporaryFile("w", prefix="graphfix-doctor-", suffix=".log", delete=False) as log:
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            auto, skip, upload = pool.map(lambda mode: run_case(kernels, 1, mode, watchdog, log),
-                                          ("auto", "skip", "upload"))
-    graph = f"{kernels:,}-kernel graph behind a PLE wait-sync WAIT"
-    lines, problems = [], 0
-    for label, row, protected in (("protected launch", auto, True), ("unprotected control", skip, False)):
-        if row.error:
-            lines.append((label, f"ERROR: {row.error} (see the log)"))
-            problems += 1
-        elif row.blocked:
-            problems += protected
-            lines.append((label, f"{row.mode}: BLOCKED until the watchdog ({watchdog:g} s) on a {graph}"
-                          + ("; the protection failed here: please report it" if protected else
-                             ": this GPU deadlocks without protection")))
-        else:
-            lines.append((label, f"{row.mode} ({row.action}): first launch {row.first_launch_ms:.1f} ms, "
-                          f"not blocked, on a {graph}"
-                          + ("" if protected else ": no block at this size (larger graphs can)")))
-    if not (auto.error or upload.error):
-        lines.append(("capture cost", f"auto {auto.hook_ms:.2f} ms a graph, upload {upload.hook_ms:.2f} ms "
-                      "a graph (FreeToken's own)"))
-    return ShortCheck(lines, problems, log.name)

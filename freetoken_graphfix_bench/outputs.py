@@ -7,8 +7,9 @@ import os
 import sys
 from collections.abc import Callable
 
-from .. import safe_files
-from ..errors import UnsafePathError
+from freetoken_graphfix import safe_files
+from freetoken_graphfix.errors import UnsafePathError
+
 from . import record_files, records
 from .reports import Report
 from .settings import Outputs
