@@ -161,8 +161,11 @@ def migrate(data: Any) -> dict[str, Any]:
         kind, data = data["kind"], data["record"]
         if kind in ("engine", "serve") and isinstance(data, dict):  # it held one case
             data = [data]
-    if isinstance(data, dict):
-        return _object_v1(data)
+    return _object_v1(data) if isinstance(data, dict) else _cases_v1(data)
+
+
+def _cases_v1(data: Any) -> dict[str, Any]:
+    """A first-schema list of cases: the engine's (each with its traced runs) or serve's."""
     if isinstance(data, list) and data and all(isinstance(c, dict) and "runs" in c for c in data):
         if all("traced" in c for c in data):
             return {"kind": "engine", "cases": [_engine_case_v1(c) for c in data]}

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..arms import ARMS, GATE, aa_pair
-from ..records import EngineCase, EngineProcess, Summary, TracedRun, largest_first
+from ..records import EngineCase, EngineProcess, Summary, TracedBs, TracedRun, largest_first
 from ..stats import Ratio, cluster_of, clusters, geometric_mean, grouped_ratio, instance_medians, summary
 from . import judge, loop
 from .loop import LoopFigure
@@ -224,25 +225,28 @@ def spread(values: list[float | None]) -> tuple[float, float, float] | None:
     return (statistics.median(got), min(got), max(got)) if got else None
 
 
+def timeline_figure(per: list[TracedBs]) -> TimelineFigure:
+    """One bs over the traced processes that ran it: each figure's spread, the gaps per stream, the gap quantiles
+    averaged stream by stream."""
+    streams = sorted({s for f in per for s in f.gap_us}, key=lambda s: int(s[1:]))
+    quantiles = {s: [statistics.fmean(q) for q in zip(*qs, strict=True)] for s in streams
+                 if (qs := [f.gap_quantiles[s] for f in per if s in f.gap_quantiles])}
+    return TimelineFigure(spread([f.launches for f in per]), spread([f.graph_kernels for f in per]),
+                          spread([f.step_kernels for f in per]), spread([f.busy_us for f in per]),
+                          spread([f.streams for f in per]),
+                          {s: spread([f.gap_us[s] for f in per if s in f.gap_us]) for s in streams}, quantiles)
+
+
 def timeline(traced: list[TracedRun]) -> Timeline:
     """The traced processes' kernel timelines per bs: each figure's median over processes with its range,
     the median gap per stream likewise; ``note`` says what ran."""
     ok = [t for t in traced if t.by_bs]
-    notes = [t.note for t in traced if t.note and t not in ok]
+    notes = "; ".join(dict.fromkeys(t.note for t in traced if t.note and t not in ok))
     if not ok:
-        return Timeline(0, "; ".join(dict.fromkeys(notes)) or "not traced")
-    by_bs = {}
-    for bs in largest_first(bs for t in ok for bs in t.by_bs):
-        per = [t.by_bs[bs] for t in ok if bs in t.by_bs]
-        streams = sorted({s for f in per for s in f.gap_us}, key=lambda s: int(s[1:]))
-        quantiles = {s: [statistics.fmean(q) for q in zip(*qs, strict=True)] for s in streams
-                     if (qs := [f.gap_quantiles[s] for f in per if s in f.gap_quantiles])}
-        by_bs[bs] = TimelineFigure(spread([f.launches for f in per]), spread([f.graph_kernels for f in per]),
-                                   spread([f.step_kernels for f in per]), spread([f.busy_us for f in per]),
-                                   spread([f.streams for f in per]),
-                                   {s: spread([f.gap_us[s] for f in per if s in f.gap_us]) for s in streams},
-                                   quantiles)
-    return Timeline(len(ok), "; ".join(dict.fromkeys(notes)), by_bs)
+        return Timeline(0, notes or "not traced")
+    by_bs = {bs: timeline_figure([t.by_bs[bs] for t in ok if bs in t.by_bs])
+             for bs in largest_first(bs for t in ok for bs in t.by_bs)}
+    return Timeline(len(ok), notes, by_bs)
 
 
 def tokens_check(good: list[EngineProcess], traced: list[TracedRun]) -> str | None:
@@ -278,33 +282,81 @@ def upstream_protects(runs: dict[str, list[EngineProcess]]) -> bool:
     return not good or any(r.freetoken_uploads for r in good)  # no run: nothing says otherwise
 
 
+def is_protected(arm: str, wait_case: bool, reference: str) -> bool:
+    """Whether ``arm`` must never block: every arm where no graph holds the WAIT; else a protecting arm, upstream
+    only where it is the reference (0.2.x's own upload)."""
+    return not wait_case or ARMS[arm].protected and (arm != "upstream" or reference == "upstream")
+
+
+def arm_errors(rs: list[EngineProcess], problems: list[list[str]]) -> list[str]:
+    """Every process's error, then every problem that makes a process no proof."""
+    return [r.error for r in rs if r.error is not None] + [p for ps in problems for p in ps]
+
+
+def first_launch_ms(good: list[EngineProcess]) -> dict[str, float]:
+    """Per bs, the slowest first launch over the processes."""
+    sizes = good[0].first_launch_ms if good else {}
+    return {bs: max(r.first_launch_ms[bs] for r in good) for bs in sizes}
+
+
+def first_launch_mib(good: list[EngineProcess]) -> dict[str, float]:
+    """Per bs, the device memory the first launch took (free before minus after), median over the processes."""
+    sizes = good[0].first_launch_free_mib if good else {}
+    taken = {bs: [r.first_launch_free_mib[bs][0] - r.first_launch_free_mib[bs][1] for r in good
+                  if len(r.first_launch_free_mib.get(bs, [])) == 2] for bs in sizes}
+    return {bs: median(values) for bs, values in taken.items()}
+
+
+def step_gpu_ms(good: list[EngineProcess]) -> dict[str, Summary]:
+    """Per bs, the quartiles of every decode step's GPU time over the processes (their own graphs' steps)."""
+    sizes = largest_first(bs for r in good for bs in r.step_gpu_ms)
+    return {bs: summary([x for r in good for x in own_steps(r, "step_gpu_ms", bs)], (25, 75)) for bs in sizes}
+
+
+def graph_ms(rows: list[ProcessRow], sizes: Iterable[str]) -> dict[str, float]:
+    """Per bs, the median over the processes of each one's own graph time."""
+    return {bs: median([row.figures["graph"].get(bs, math.nan) for row in rows]) for bs in sizes}
+
+
+def tok_s(steps: dict[str, Summary]) -> dict[str, float]:
+    """Per bs, decode tokens a second at the median step."""
+    return {bs: 1e3 * int(bs) / q.median for bs, q in steps.items() if q.n}
+
+
 def arm_figures(arm: str, rs: list[EngineProcess], rows: list[ProcessRow], problems: list[list[str]],
                 traced: list[TracedRun], wait_case: bool, reference: str, expected: set[str]) -> ArmFigures:
     """One arm over its processes (the cross-process ratios are added once the base is known)."""
     good = [r for r in rs if r.ok]
-    sizes = largest_first(bs for r in good for bs in r.step_gpu_ms)
-    steps = {bs: [x for r in good for x in own_steps(r, "step_gpu_ms", bs)] for bs in sizes}
-    step_gpu_ms = {bs: summary(v, (25, 75)) for bs, v in steps.items()}
-    first = good[0] if good else None
+    hashes = {r.token_hash for r in good}
+    steps = step_gpu_ms(good)
     return ArmFigures(
-        protected=not wait_case or ARMS[arm].protected and (arm != "upstream" or reference == "upstream"),
-        errors=[r.error for r in rs if r.error is not None] + [p for ps in problems for p in ps],
-        fires=sum(len(r.fires) for r in good), hashes=sorted({r.token_hash for r in good}),
+        protected=is_protected(arm, wait_case, reference), errors=arm_errors(rs, problems),
+        fires=sum(len(r.fires) for r in good), hashes=sorted(hashes),
         distinct_tokens=min((r.distinct_tokens for r in good), default=None), reference=reference,
-        same_tokens_as_reference=bool(expected) and {r.token_hash for r in good} == expected,
-        copies_tokens=tokens_check(good, traced), waits=waits_captured(good),
-        first_launch_ms={bs: max(r.first_launch_ms[bs] for r in good)
-                         for bs in (first.first_launch_ms if first else {})},
+        same_tokens_as_reference=bool(expected) and hashes == expected,
+        copies_tokens=tokens_check(good, traced), waits=waits_captured(good), first_launch_ms=first_launch_ms(good),
         upload_ms_per_graph=median([u for r in good for u in r.upload_ms]),
         capture_ms=median([sum(r.capture_ms) for r in good]),
         free_mib_after_capture=median([r.free_mib_after_capture for r in good]),
-        first_launch_mib={bs: median([r.first_launch_free_mib[bs][0] - r.first_launch_free_mib[bs][1] for r in good
-                                      if len(r.first_launch_free_mib.get(bs, [])) == 2])
-                          for bs in (first.first_launch_free_mib if first else {})},
-        step_gpu_ms=step_gpu_ms, graph_ms={bs: median([row.figures["graph"].get(bs, math.nan) for row in rows])
-                                           for bs in steps},
+        first_launch_mib=first_launch_mib(good), step_gpu_ms=steps, graph_ms=graph_ms(rows, steps),
         processes=rows, own_in_loop=loop.in_loop(good, "own"), own_idle=idle_own(good), timeline=timeline(traced),
-        tok_s={bs: 1e3 * int(bs) / q.median for bs, q in step_gpu_ms.items() if q.n})
+        tok_s=tok_s(steps))
+
+
+def ratio_base(arms: dict[str, ArmFigures]) -> str | None:
+    """The arm every ratio is taken to: the first never-uploaded (or unprotected) arm present."""
+    return next((a for a in ("pre-697", "skip", "upstream") if a in arms and
+                 (not arms[a].protected or ARMS[a].never_uploaded)), None)
+
+
+def aa_figures(pair: tuple[str, str] | None, arms: dict[str, ArmFigures], rows: dict[str, list[ProcessRow]]
+               ) -> dict[str, dict[str, Ratio]]:
+    """The A/A control: the same cross-process ratios between two arms that run the same thing."""
+    if not pair:
+        return {}
+    a, b = pair
+    sizes = [bs for bs in arms[a].step_gpu_ms if bs in arms[b].step_gpu_ms]
+    return {name: {bs: cross(rows[b], rows[a], name, bs) for bs in sizes} for name, _, _ in CROSS}
 
 
 def figures_of(case: EngineCase) -> EngineFigures:
@@ -317,20 +369,14 @@ def figures_of(case: EngineCase) -> EngineFigures:
     reference = "upstream" if upstream_protects(runs) else GATE
     expected = {r.token_hash for r in runs.get(reference, []) if r.ok}
     rows = {arm: [process_row(r, i) for i, r in enumerate(rs) if r.ok] for arm, rs in runs.items()}
-    levels = host_levels(rows)
+    levels = host_levels(rows)  # labels each row's host level, which the cross-process ratios pair within
     arms = {arm: arm_figures(arm, rs, rows[arm], problems[arm], case.traced.get(arm, []), wait_case, reference,
                              expected) for arm, rs in runs.items()}
-    base = next((a for a in ("pre-697", "skip", "upstream") if a in arms and
-                 (not arms[a].protected or ARMS[a].never_uploaded)), None)
+    base = ratio_base(arms)
     for arm, s in arms.items():
         s.cross = {name: {bs: cross(rows[arm], rows[base], name, bs) for bs in s.step_gpu_ms}
                    for name, _, _ in CROSS} if base else {}
     pair = aa_pair(list(arms), wait_case)
-    aa = {}
-    if pair:
-        a, b = pair
-        sizes = [bs for bs in arms[a].step_gpu_ms if bs in arms[b].step_gpu_ms]
-        aa = {name: {bs: cross(rows[b], rows[a], name, bs) for bs in sizes} for name, _, _ in CROSS}
     good = [r for rs in runs.values() for r in rs if r.ok]
-    return EngineFigures(wait_case, arms, base, reference, levels, pair, aa, loop.in_loop(good, "upload"),
-                         loop.in_loop(good, "control"), idle_upload(good), problems)
+    return EngineFigures(wait_case, arms, base, reference, levels, pair, aa_figures(pair, arms, rows),
+                         loop.in_loop(good, "upload"), loop.in_loop(good, "control"), idle_upload(good), problems)

@@ -106,6 +106,20 @@ def process_effect(r: EngineProcess, key: str, bs: str) -> Effect | None:
                   cycles)
 
 
+def executables(e: Effect, which: str) -> int:
+    """How many executables of ``which`` one process launched in its loop (the "own" graph is one)."""
+    return e.uploaded if which == "upload" else e.controls if which == "control" else 1
+
+
+def pooled_se(effects: list[Effect], which: str, df: int) -> float:
+    """The log ratio's standard error from the copies' spread pooled over every process (NaN without a degree of
+    freedom)."""
+    if not df:
+        return math.nan
+    spread2 = sum(e.ss for e in effects) / df
+    return math.sqrt(spread2 * sum(1 / executables(e, which) + 1 / e.never for e in effects)) / len(effects)
+
+
 def combine(effects: list[Effect], which: str) -> LoopFigure | None:
     """``which`` (``upload``, ``own`` or ``control``) over processes: the ratio (geometric mean over processes), its
     relative standard error from the copies' spread pooled over every process (steps and placement),
@@ -120,10 +134,7 @@ def combine(effects: list[Effect], which: str) -> LoopFigure | None:
     n = len(effects)
     logs = [getattr(e, which) for e in effects]
     df = sum(e.df for e in effects)
-    spread2 = sum(e.ss for e in effects) / df if df else math.nan
-    per = [(1 / e.uploaded if which == "upload" else 1 / e.controls if which == "control" else 1.0) + 1 / e.never
-           for e in effects]  # the "own" graph is one executable
-    se = math.sqrt(spread2 * sum(per)) / n if df else math.nan
+    se = pooled_se(effects, which, df)
     se_processes = statistics.stdev(logs) / math.sqrt(n) if n > 1 else math.nan
     mean = statistics.fmean(logs)
     halves = [h for h in (t975(df + 1) * se, t975(n) * se_processes if n >= 3 else math.nan,

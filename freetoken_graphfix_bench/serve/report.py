@@ -60,30 +60,46 @@ def problems_of(run: ServeRun, reference: ServeRun | None, wait_case: bool = Tru
     host-released WAIT, a negative control that never hung (it could not fail, so it proves
     nothing), and elsewhere every arm is held to the protected standard; a shim arm without its
     capture passes."""
-    out = []
-    if run.outlived or run.stragglers:
-        out.append(f"processes outlived the arm: {run.outlived or run.stragglers}"
-                   + ("" if run.outlived else " (killed once the server had exited)"))
+    out = stragglers(run)
     if run.arm in NEGATIVE and wait_case:
-        if not run.hung:
-            out.append("the negative control never hung at this size: it could not have failed")
-        return out
-    if run.error is not None:
-        out.append(run.error)
+        return out + ([] if run.hung else ["the negative control never hung at this size: it could not have failed"])
+    found = (run.error, unanswered(run), rebuild_failed(run), *texts_changed(run, reference), passes_missing(run))
+    return out + [p for p in found if p is not None]
+
+
+def stragglers(run: ServeRun) -> list[str]:
+    """Processes the arm left behind, if any."""
+    if not (run.outlived or run.stragglers):
+        return []
+    return [f"processes outlived the arm: {run.outlived or run.stragglers}"
+            + ("" if run.outlived else " (killed once the server had exited)")]
+
+
+def unanswered(run: ServeRun) -> str | None:
+    """Requests that hung or came back empty."""
     answered = [r for r in run.requests if not r.hung and r.chunks > 0]
-    if len(answered) < REQUESTS:
-        out.append(f"{len(answered)} of {REQUESTS} requests answered")
-    if (run.rebuild or {}).get("status") != "ok":
-        out.append(f"rebuild: {run.rebuild}")
-    if any(len(texts) != 1 for texts in singles(run).values()):
-        out.append("the single request's text changed across the rebuild (same round, before and after)")
-    if reference is not None and run.arm != reference.arm and singles(run) != singles(reference):
-        out.append("the single request's text differs from upstream's")
+    return f"{len(answered)} of {REQUESTS} requests answered" if len(answered) < REQUESTS else None
+
+
+def rebuild_failed(run: ServeRun) -> str | None:
+    """The cache rebuild, unless it said ok."""
+    return None if (run.rebuild or {}).get("status") == "ok" else f"rebuild: {run.rebuild}"
+
+
+def texts_changed(run: ServeRun, reference: ServeRun | None) -> tuple[str | None, str | None]:
+    """Whether the single request's text changed across the rebuild, and whether it differs from upstream's."""
+    across = any(len(texts) != 1 for texts in singles(run).values())
+    upstream = reference is not None and run.arm != reference.arm and singles(run) != singles(reference)
+    return ("the single request's text changed across the rebuild (same round, before and after)" if across else None,
+            "the single request's text differs from upstream's" if upstream else None)
+
+
+def passes_missing(run: ServeRun) -> str | None:
+    """A shim arm whose scheduler process did not report capture passes 0 and 1 (start-up, then the rebuild)."""
     pids = {p.pid for p in run.passes}
-    if ARMS[run.arm].shim_mode and not any(sum(p.pid == pid for p in run.passes) >= 2 for pid in pids):
-        out.append(f"expected capture passes 0 and 1 from the scheduler process, got "
-                   f"{[(p.pid, p.index) for p in run.passes]}")
-    return out
+    if not ARMS[run.arm].shim_mode or any(sum(p.pid == pid for p in run.passes) >= 2 for pid in pids):
+        return None
+    return f"expected capture passes 0 and 1 from the scheduler process, got {[(p.pid, p.index) for p in run.passes]}"
 
 
 def singles(run: ServeRun) -> dict[str, set[str]]:

@@ -125,11 +125,8 @@ class DecodeLoop:
         """The loop's part of the result, its events read (after a device synchronize): per bs, the
         graph steps after each size's first, their GPU ms (step, graph step, launch), host ms and
         executables; the first launches' host ms, GPU ms and free memory."""
-        warm: dict[str, list[dict]] = {}
         for s in self.steps:
             s["gpu_ms"] = elapsed(s.pop("events"))
-            if s["kind"] == "graph" and not s["first"]:
-                warm.setdefault(str(s["bs"]), []).append(s)
         first_launch: dict[str, float] = {}
         for bs, host_ms in self.launches:
             first_launch.setdefault(str(bs), host_ms)
@@ -139,12 +136,23 @@ class DecodeLoop:
             "max_launch_ms": max((host_ms for _, host_ms in self.launches), default=None),
             "first_launch_free_mib": {bs: [v / 2**20 for v in free] for bs, free in self.first_launch_free.items()},
             "first_step_gpu_ms": {str(s["bs"]): s["gpu_ms"] for s in self.steps if s["first"]},
-            "step_gpu_ms": {bs: [s["gpu_ms"] for s in ss] for bs, ss in warm.items()},
-            "step_host_ms": {bs: [round(s["host_ms"], 5) for s in ss] for bs, ss in warm.items()},
-            "graph_gpu_ms": {bs: [elapsed(s["graph"]) for s in ss] for bs, ss in warm.items()},
-            "launch_gpu_ms": {bs: [elapsed(s["launch"]) for s in ss] for bs, ss in warm.items()},
-            "step_exec": {bs: [s["exec"] for s in ss] for bs, ss in warm.items()},
+            **warm_figures(self.steps),
         }
+
+
+def warm_figures(steps: list[dict[str, Any]]) -> dict[str, dict[str, list]]:
+    """Per bs, the graph steps after that size's first: GPU ms (step, graph, launch), host ms and executables."""
+    warm: dict[str, list[dict]] = {}
+    for s in steps:
+        if s["kind"] == "graph" and not s["first"]:
+            warm.setdefault(str(s["bs"]), []).append(s)
+    return {
+        "step_gpu_ms": {bs: [s["gpu_ms"] for s in ss] for bs, ss in warm.items()},
+        "step_host_ms": {bs: [round(s["host_ms"], 5) for s in ss] for bs, ss in warm.items()},
+        "graph_gpu_ms": {bs: [elapsed(s["graph"]) for s in ss] for bs, ss in warm.items()},
+        "launch_gpu_ms": {bs: [elapsed(s["launch"]) for s in ss] for bs, ss in warm.items()},
+        "step_exec": {bs: [s["exec"] for s in ss] for bs, ss in warm.items()},
+    }
 
 
 def elapsed(events: tuple[Any, Any]) -> float:

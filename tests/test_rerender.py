@@ -1,0 +1,42 @@
+"""Every saved record re-renders with the same figures: its report, failures and verbose markdown, byte for byte.
+
+The expected texts in ``records/reports/`` were written by the code before the benchmarks' figures were split
+into one function each, so a refactor that moves a figure's rule (or the order two rules run in) turns this red. A
+deliberate change of a rule rewrites them, and the diff shows every figure it moved:
+``python -c 'import tests.test_rerender as t; t.rewrite()'``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from freetoken_graphfix_bench import record_files
+from freetoken_graphfix_bench.reports import report_of
+
+RECORDS = Path(__file__).parent / "records"
+EXPECTED = RECORDS / "reports"
+SAVED = sorted(RECORDS.glob("*.json"))
+
+
+def rendered(path: Path) -> str:
+    """What a reader of ``bench report PATH --verbose --markdown`` is shown, in one text."""
+    report = report_of(record_files.read(str(path)))
+    markdown = report.markdown(True) if report.markdown else ""
+    return f"{report.text}\n--- failures\n" + "\n".join(report.failures) + f"\n--- markdown --verbose\n{markdown}\n"
+
+
+def rewrite() -> None:
+    """Write the expected texts from this version's rules (after a deliberate change of a rule)."""
+    for path in SAVED:
+        (EXPECTED / f"{path.stem}.txt").write_text(rendered(path), encoding="utf-8")
+
+
+def test_every_saved_record_has_its_expected_text():
+    assert [p.stem for p in SAVED] == sorted(p.stem for p in EXPECTED.glob("*.txt"))
+
+
+@pytest.mark.parametrize("path", SAVED, ids=[p.stem for p in SAVED])
+def test_a_saved_record_renders_as_it_did(path):
+    assert rendered(path) == (EXPECTED / f"{path.stem}.txt").read_text(encoding="utf-8")
