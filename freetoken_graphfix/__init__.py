@@ -60,7 +60,7 @@ def _shim() -> "tuple[Any, str]":
     try:
         from . import shim
     except ImportError as exc:
-        return None, f"cannot be loaded: {exc} (a dependency of freetoken-graphfix: pip install wrapt packaging)"
+        return None, f"cannot be loaded: {exc} (a dependency of freetoken-graphfix: pip install wrapt)"
     return shim, ""
 
 

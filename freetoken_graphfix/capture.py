@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from . import config
 from .compat import AFTER_CAPTURE, Compat
 from .config import Mode
-from .detect import Wait, WaitRecorder, capture_batch_size, wait_from_caller
 from .device import CudaDevice, Device
 
 if TYPE_CHECKING:  # what runs only at capture is imported there: arming is paid by every FreeToken process
     from .decide import Action
     from .deferred import FirstLaunchGuard
+    from .detect import Wait, WaitRecorder
     from .status_record import CapturePass, GraphRecord
 
 logger = logging.getLogger("freetoken_graphfix")
@@ -37,7 +37,7 @@ class State:
         self.compat: Compat | None = None
         self.config_error = ""  # FT_GRAPH_UPLOAD held a bad value when FreeToken was imported
         self.patches: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, original, our wrapper)
-        self.recorder = WaitRecorder()
+        self._recorder: WaitRecorder | None = None
         self.passes: list[CapturePass] = []
         self.current: CapturePass | None = None
         # the pass's deferred graphs, marked once it has filled graph_map: (graph, stream, tables, record)
@@ -46,6 +46,15 @@ class State:
         self.uninstalled: str = ""  # what uninstall() did with graphs still awaiting a first launch
         self.mode_changes: list[str] = []
         self.capture_target: Callable[[], int | None] | None = None  # 0.1.3 passes: the graph under capture
+
+    @property
+    def recorder(self) -> WaitRecorder:
+        """The WAITs captured since the last graph, built at the first capture (``detect`` is capture-time code)."""
+        if self._recorder is None:
+            from .detect import WaitRecorder
+
+            self._recorder = WaitRecorder()
+        return self._recorder
 
 
 state = State()
@@ -64,6 +73,8 @@ def on_wait_enqueued(wrapped: Callable[..., Any], instance: Any, args: tuple, kw
     """``row_store.wait_reset(stream, flag)`` (0.2.x), ``_ple_store.memop_wait_reset(stream, ptr)`` (0.1.3)."""
     result = wrapped(*args, **kwargs)
     if state.device.is_capturing():
+        from .detect import wait_from_caller
+
         flag = args[1] if len(args) > 1 else kwargs.get("flag")
         target = state.capture_target
         state.recorder.add(wait_from_caller(flag), target() if target is not None else None)
@@ -149,6 +160,8 @@ def on_upload_graph(wrapped: Callable[..., Any], instance: Any, args: tuple, kwa
     if capture is None:  # called outside a GraphRunner capture pass (a test or a bench)
         capture = CapturePass(len(state.passes), "direct _upload_graph call", done=True)
         state.passes.append(capture)
+    from .detect import capture_batch_size
+
     bs = capture_batch_size()
     name = f"bs={bs}" if bs is not None else f"graph #{len(capture.graphs)}"
     _protect(graph, stream, state.recorder.drain(), name, capture, lambda: wrapped(*args, **kwargs))

@@ -21,11 +21,9 @@ import importlib
 import inspect
 import os
 import sys
-from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
-
-from packaging.version import InvalidVersion, Version
+from typing import NamedTuple
 
 TESTED = ("0.1.2", "0.1.3", "0.2.0", "0.2.1")
 """The FreeToken releases the shim's tests run against; every other one is decided by feature."""
@@ -34,15 +32,16 @@ GRAPH_MODULE = "freetoken.engine.graph"
 ROW_STORE_MODULE = "freetoken.kernel.row_store"
 PLE_STORE_MODULE = "freetoken.kernel._ple_store"
 PLE_MODULE = "freetoken.models.qwen4_exp.ple_disk"
+PLE_METHODS = ("forward_host_ctx", "host_fill_batch", "lookup")  # DiskRowTable's, read for the deferred guard
 
 SERIES_MARKER = "self._unlaunched_bs"  # patches/ 0001: DiskRowTable.lookup records its captured sizes
 UPLOAD_SEAM = "upload-seam"  # 0.2.x: decide in place of each _upload_graph call
 AFTER_CAPTURE = "after-capture"  # 0.1.3: decide once _capture_graphs has captured every graph
 
 
-@dataclass(frozen=True)
-class Compat:
-    """What the installed FreeToken offers the shim, and why it can or cannot be patched."""
+class Compat(NamedTuple):
+    """What the installed FreeToken offers the shim, and why it can or cannot be patched. A typed tuple, not a frozen
+    dataclass: its class is built in every process that arms the shim, and a dataclass of 14 fields costs 0.9 ms."""
 
     version: str | None
     path: str
@@ -56,7 +55,7 @@ class Compat:
     wait_module: str = ROW_STORE_MODULE  # where the WAIT-enqueueing function lives, wrapped once it is imported
     wait_function: str = "wait_reset"
     wait_params: tuple[str, ...] | None = ("stream", "flag")  # None: a compiled function, its parameters unseen
-    checked: tuple[str, ...] = field(default=())  # the features looked for (named in the WARNING)
+    checked: tuple[str, ...] = ()  # the features looked for (named in the WARNING)
 
     def wait_seam_fits(self, function: object) -> bool:
         """Whether the WAIT-enqueueing function, as imported, is the one the shim records WAITs from."""
@@ -84,12 +83,20 @@ def freetoken_version() -> str | None:
 
 def is_tested(version: str | None) -> bool:
     """Exactly one of :data:`TESTED` (``0.2.1.post1`` or a local build is another release)."""
-    if version is None:
-        return False
-    try:
-        return Version(version) in {Version(v) for v in TESTED}
-    except InvalidVersion:
-        return False
+    release = _release(version)
+    return release is not None and release in {_release(v) for v in TESTED}
+
+
+def _release(version: str | None) -> tuple[int, ...] | None:
+    """A release-only version as PEP 440 compares it (``v0.2.1.0`` is ``0.2.1``); ``None`` for anything more (a pre-,
+    post- or dev release, a local build) or unreadable. Spelled here: ``packaging`` costs 2 ms at every install."""
+    parts = (version or "").strip().lower().removeprefix("v").split(".")
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        return None
+    numbers = [int(p) for p in parts]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()
+    return tuple(numbers)
 
 
 def _package_path(module: str) -> str:
@@ -123,22 +130,91 @@ def _parse(path: str, mtime_ns: int, size: int) -> ast.Module:
 def _ple_methods() -> dict[str, str] | None:
     """The source of ``DiskRowTable``'s methods, ``None`` without a disk PLE table (0.1.1, 0.1.2).
 
-    From the live class once ``ple_disk`` is imported; else parsed from its file. Never imported
+    From the live class once ``ple_disk`` is imported; else read from its file. Never imported
     here: this runs inside FreeToken's import of ``engine.graph``, and importing the qwen4_exp
     package from there (``find_spec`` does, for a submodule) would pull FreeToken's model and
     triton kernel modules in, out of FreeToken's own order, before the engine has its device."""
-    names = ("forward_host_ctx", "host_fill_batch", "lookup")
     live = sys.modules.get(PLE_MODULE)
     if live is not None and hasattr(live, "DiskRowTable"):
-        return {n: _source(inspect.getattr_static(live.DiskRowTable, n, None)) for n in names}
-    tree = _parsed(PLE_MODULE)
-    for node in tree.body if tree is not None else ():
-        if isinstance(node, ast.ClassDef) and node.name == "DiskRowTable":
-            lines = tree.source.splitlines(keepends=True)  # type: ignore[attr-defined]  (once: not per method)
+        return {n: _source(inspect.getattr_static(live.DiskRowTable, n, None)) for n in PLE_METHODS}
+    path = _package_path(PLE_MODULE) + ".py"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    return methods_cut(text, "DiskRowTable", PLE_METHODS) or methods_parsed(text, "DiskRowTable", PLE_METHODS)
+
+
+def methods_parsed(text: str, cls: str, names: tuple[str, ...]) -> dict[str, str] | None:
+    """Each method of class ``cls`` in ``text`` (empty where it has none), by parsing the whole file; ``None`` without
+    the class."""
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
             methods = {f.name: "".join(lines[f.lineno - 1:f.end_lineno]) for f in node.body
                        if isinstance(f, ast.FunctionDef)}
             return {n: methods.get(n, "") for n in names}
     return None
+
+
+def methods_cut(text: str, cls: str, names: tuple[str, ...]) -> dict[str, str] | None:
+    """:func:`methods_parsed`'s answer cut from the text without parsing the file (4 ms of every install on a 383-line
+    ``ple_disk.py``): a method runs from its ``def`` to the next line at the class body's own indent, less trailing
+    blank and comment lines. Each cut must parse as that one method, else ``None`` (the caller parses the file)."""
+    lines = text.splitlines(keepends=True)
+    span = _class_span(lines, cls)
+    if span is None:
+        return None
+    start, end = span
+    defs = [i for i in range(start + 1, end) if lines[i].lstrip().startswith("def ")]
+    if not defs:
+        return None
+    indent = lines[defs[0]][:len(lines[defs[0]]) - len(lines[defs[0]].lstrip())]
+    found: dict[str, str] = {}
+    for i in defs:
+        name = lines[i].lstrip()[4:].split("(")[0].strip()
+        if name in names and lines[i].startswith(indent + "def "):
+            cut = "".join(lines[i:_method_end(lines, i, end, indent)])
+            if not _one_function(cut, indent, name):
+                return None
+            found[name] = cut
+    return {n: found.get(n, "") for n in names}
+
+
+def _starts_statement(line: str) -> bool:
+    """Whether ``line`` (its indent removed) opens a statement a method cannot continue: a name or a decorator."""
+    return line[:1].isidentifier() or line[:1] == "@"
+
+
+def _class_span(lines: list[str], cls: str) -> tuple[int, int] | None:
+    """The line of ``class cls`` and the first line after its body (the next statement at column 0)."""
+    head = f"class {cls}"
+    start = next((i for i, line in enumerate(lines) if line.startswith(head) and line[len(head):][:1] in ("(", ":")),
+                 None)
+    if start is None:
+        return None
+    return start, next((i for i in range(start + 1, len(lines)) if _starts_statement(lines[i])), len(lines))
+
+
+def _method_end(lines: list[str], first: int, end: int, indent: str) -> int:
+    """The line after the method whose ``def`` is ``first``: before the next statement at the body's indent, less
+    trailing blank and comment lines (where the parsed function ends too)."""
+    stop = next((j for j in range(first + 1, end) if lines[j].startswith(indent) and
+                 _starts_statement(lines[j][len(indent):])), end)
+    while stop > first + 1 and lines[stop - 1].strip()[:1] in ("", "#"):
+        stop -= 1
+    return stop
+
+
+def _one_function(cut: str, indent: str, name: str) -> bool:
+    """Whether ``cut`` (indented by ``indent``) parses as exactly one function named ``name``."""
+    try:
+        tree = ast.parse("".join(line.removeprefix(indent) for line in cut.splitlines(keepends=True)))
+    except SyntaxError:
+        return False
+    return len(tree.body) == 1 and isinstance(tree.body[0], ast.FunctionDef) and tree.body[0].name == name
 
 
 def defined_params(module: str, function: str) -> list[str] | None:

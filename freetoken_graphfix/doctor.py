@@ -99,12 +99,12 @@ def _mode_line(report: Report, user_value: str | None) -> None:
 
 
 def _shim_line(report: Report) -> bool:
-    """Whether the shim itself can load (a ``--no-deps`` install may lack wrapt or packaging)."""
+    """Whether the shim itself can load (a ``--no-deps`` install may lack wrapt)."""
     from . import _shim
 
     shim, why = _shim()
     if shim is None:
-        report.problem("shim", why, "pip install wrapt packaging")
+        report.problem("shim", why, "pip install wrapt")
     return shim is not None
 
 

@@ -26,7 +26,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -286,7 +285,7 @@ def _stand_down(reason: str) -> None:
     _unwrap_all()
     state.guard = None
     if state.compat is not None:
-        state.compat = replace(state.compat, patchable=False, reason=reason, unexpected=True, deferred=False)
+        state.compat = state.compat._replace(patchable=False, reason=reason, unexpected=True, deferred=False)
     logger.warning("not patched: %s", reason)
 
 

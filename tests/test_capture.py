@@ -286,12 +286,10 @@ def test_only_after_launch_owners_are_guarded(install, fake, engine):
 def test_a_release_without_the_deferred_details_gets_warm(install, fake, engine, monkeypatch):
     """A release decided by feature that lacks a private detail of the deferred path: auto protects
     its PLE graphs with a warm replay, and the reason names what is missing."""
-    from dataclasses import replace
-
     table, model = engine
     install("auto")
-    monkeypatch.setattr(shim.state, "compat", replace(shim.state.compat, deferred=False,
-                                                        deferred_reason="missing DiskRowTable.lookup waits"))
+    monkeypatch.setattr(shim.state, "compat", shim.state.compat._replace(
+        deferred=False, deferred_reason="missing DiskRowTable.lookup waits"))
     runner = capture(fake, model)
     assert [(a, r) for _, a, r in graphs_of(freetoken_graphfix.status())] == [
         ("warm", "PLE wait-sync; deferred unavailable: missing DiskRowTable.lookup waits")] * 2

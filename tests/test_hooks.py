@@ -422,6 +422,18 @@ def test_install_at_freetokens_import_imports_no_more_of_freetoken():
     assert extra == set(), extra
 
 
+def test_arming_loads_only_what_the_install_runs():
+    """Every FreeToken process pays for the modules the install imports (docs/measurements.md, "Arming"): what runs
+    only at a capture (detect, decide, deferred, warm, the status records) is imported there."""
+    code = ("import sys; import freetoken.engine.graph; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('freetoken_graphfix'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "FT_GRAPH_UPLOAD": "auto"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [f"freetoken_graphfix{m}" for m in ("", ".bootstrap", ".capture", ".compat", ".config",
+                                                                      ".device", ".errors", ".shim")]
+
+
 def test_the_wait_function_is_wrapped_once_freetoken_imports_it():
     """Patched at engine.graph's import, the WAIT function is wrapped when FreeToken itself imports its
     module, not before."""
