@@ -14,7 +14,7 @@ def console(argv: list[str] | None = None) -> None:
 
         code = main(argv)
     except KeyboardInterrupt:
-        code = 128 + 2
+        code = 128 + 2  # exits.INTERRUPTED: exits itself may not be imported yet
     sys.exit(code)
 
 

@@ -9,11 +9,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import __version__, bootstrap, config
-from .errors import ConfigError, GraphfixError
+from . import __version__, bootstrap, config, exits
+from .errors import ConfigError
+from .exits import OK, PATCH_NOT_APPLIED, PATCH_PARTLY, Parser, UsageError
 
-OK, ERR = 0, 1
-PATCH_NOT_APPLIED, PATCH_PARTLY = 3, 4  # 'patch check': 0 applied, 1 error, 2 usage
 PATCH_CHECK_CODES = ("exit codes: 0 applied, 3 not applied, 4 partly applied (the first patches only), "
                      "1 the tree fits no prefix of the series (or another error), 2 a usage error")
 
@@ -33,7 +32,7 @@ def do_run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise GraphfixError("run: no command given; usage: freetoken-graphfix run -- ft serve ...")
+        raise UsageError("run: no command given (freetoken-graphfix run -- ft serve ...)")
     if args.mode is not None:
         mode = config.parse_mode(args.mode, source="--mode")
     else:
@@ -41,21 +40,16 @@ def do_run(args: argparse.Namespace) -> int:
             mode = config.parse_mode(bootstrap.user_env_value())
         except ConfigError as exc:
             raise ConfigError(f"{exc} (or pass --mode)") from None
-    try:
-        executable = launcher.resolve(command[0])
-        env = dict(os.environ, **{config.ENV_MODE: mode.value})
-        for warning in (launcher.foreign_python(executable, env),
-                        f"freetoken_graphfix: warning: mode skip {config.SKIP_RISK}" if mode is config.Mode.SKIP
-                        else None,
-                        None if bootstrap.installed_pth() else
-                        f"freetoken_graphfix: warning: {bootstrap.PTH_NAME} is not installed in this environment; "
-                        "only processes that import freetoken_graphfix will get the shim"):
-            if warning:
-                print(warning, file=sys.stderr)
-        return launcher.supervise([executable, *command[1:]], env, exiting=True)
-    except launcher.CommandError as exc:
-        print(f"freetoken_graphfix: error: {exc}", file=sys.stderr)
-        return exc.code
+    executable = launcher.resolve(command[0])  # a CommandError carries the shell's code (127, 126)
+    env = dict(os.environ, **{config.ENV_MODE: mode.value})
+    for warning in (launcher.foreign_python(executable, env),
+                    f"{exits.WARNING}mode skip {config.SKIP_RISK}" if mode is config.Mode.SKIP else None,
+                    None if bootstrap.installed_pth() else
+                    f"{exits.WARNING}{bootstrap.PTH_NAME} is not installed in this environment; only processes "
+                    "that install the shim themselves will get it"):
+        if warning:
+            print(warning, file=sys.stderr)
+    return launcher.supervise([executable, *command[1:]], env, exiting=True)
 
 
 def do_patch(args: argparse.Namespace) -> int:
@@ -98,19 +92,20 @@ def program() -> str:
 def parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The top-level parser, and each command's own (for its own usage on its own errors)."""
     prog = prog or program()
-    ap = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
+    ap = Parser(prog=prog, description=DESCRIPTION,
                                  epilog="'<command> -h' describes a command and its options.")
     ap.add_argument("--version", action="version", version=f"freetoken-graphfix {__version__}")
     plugins = list(commands_installed())
     sub = ap.add_subparsers(dest="cmd", required=True, title="commands",
                             metavar="{" + ",".join(["doctor", "run", "patch", *plugins]) + "}")
-    doctor = sub.add_parser("doctor", help="what is installed and what the shim would do (run this first)",
+    doctor = sub.add_parser("doctor", command="doctor",
+                            help="what is installed and what the shim would do (run this first)",
                             description="What is installed, what the shim does with it in this process and in "
                                         "new ones, which patch series is applied, and, with a CUDA device, a short "
                                         "first-launch check. Exits 1 when it finds a problem to fix.")
     doctor.add_argument("--no-bench", action="store_true", help="skip the short GPU check (three first-launch probes)")
     modes = ", ".join(config.ACCEPTED)
-    run = sub.add_parser("run", help="run a command with the shim enabled: run -- ft serve ...",
+    run = sub.add_parser("run", command="run", help="run a command with the shim enabled: run -- ft serve ...",
                          description="Run COMMAND with FT_GRAPH_UPLOAD set, so that every Python process it starts "
                                      "(ft serve's scheduler included) loads the shim. Signals go on to the command; "
                                      "the exit code is the command's (128+N if a signal N killed it; 127 not found, "
@@ -120,7 +115,8 @@ def parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, 
                                                     f"(default: {config.ENV_MODE}, else auto)")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]",
                      help="the command and its arguments, after --")
-    patch = sub.add_parser("patch", help="check, apply or revert the patch series for FreeToken (patches/)",
+    patch = sub.add_parser("patch", command="patch",
+                           help="check, apply or revert the patch series for FreeToken (patches/)",
                            **({"prog": prog} if prog == "freetoken-patch" else {}),  # scripts/freetoken-patch
                            description="The patch series for FreeToken itself, on a checkout (--repo) or on the "
                                        "installed FreeToken (--site). Every run is all or nothing, and runs on one "
@@ -136,31 +132,24 @@ def parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``bench`` handed its arguments whole; one line and a shell's exit code for every error, Ctrl-C and a
-    closed pipe."""
+    """Entry point: a command another package registers (``bench``) handed its arguments whole; every error one line
+    and a shell's exit code (``exits.run``)."""
     argv = sys.argv[1:] if argv is None else argv
-    prog = program()
-    try:
-        if argv[:1] and argv[0] in (plugins := commands_installed()):  # a command of its own (git's external commands)
-            return plugins[argv[0]].load()(argv[1:], prog=f"{prog} {argv[0]}")
-        ap, commands = parser(prog)
-        if argv[:1] == ["--mode"] or argv[:1] and argv[0].startswith("--mode="):
-            ap.error("--mode is run's option: put it after run (run --mode MODE -- COMMAND)")
-        args, extra = ap.parse_known_args(argv)
-        if extra:  # (run's command takes every argument after its name: these came before it)
-            commands[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
-        logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s %(message)s")
-        try:
-            return COMMANDS[args.cmd](args)
-        except GraphfixError as exc:
-            print(f"freetoken_graphfix: error: {exc}", file=sys.stderr)
-            return ERR
-    except KeyboardInterrupt:  # Ctrl-C outside run's own handling: no traceback, a shell's code
-        return 128 + 2
-    except BrokenPipeError:  # `doctor | head`: the reader left; say nothing more, as a shell tool would
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 128 + 13
+    return exits.run(lambda: _main(argv, program()))
+
+
+def _main(argv: list[str], prog: str) -> int:
+    """Parse ``argv`` and run its command."""
+    if argv[:1] and argv[0] in (plugins := commands_installed()):  # a command of its own (git's external commands)
+        return plugins[argv[0]].load()(argv[1:], prog=f"{prog} {argv[0]}")
+    ap, commands = parser(prog)
+    if argv[:1] == ["--mode"] or argv[:1] and argv[0].startswith("--mode="):
+        ap.error("--mode is run's option: put it after run (run --mode MODE -- COMMAND)")
+    args, extra = ap.parse_known_args(argv)
+    if extra:  # (run's command takes every argument after its name: these came before it)
+        commands[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s %(message)s")
+    return COMMANDS[args.cmd](args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,7 +2,10 @@
 
 
 class GraphfixError(Exception):
-    """The base class of every error freetoken_graphfix raises on purpose."""
+    """The base class of every error freetoken_graphfix raises on purpose; ``code`` is the command line's exit code for
+    it (``exits``)."""
+
+    code = 1
 
 
 class ConfigError(GraphfixError):

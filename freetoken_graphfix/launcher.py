@@ -25,8 +25,8 @@ from typing import Any
 
 from .bootstrap import interpreters
 from .errors import GraphfixError
+from .exits import NOT_EXECUTABLE, NOT_FOUND, WARNING
 
-NOT_FOUND, NOT_EXECUTABLE = 127, 126  # what shells exit with
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # a second one kills
 FORWARDED = (*STOPPING, signal.SIGUSR1, signal.SIGUSR2)  # the user's signals: passed on every time
 
@@ -93,7 +93,7 @@ def foreign_python(path: str, env: dict[str, str]) -> str | None:
     if loads:
         return None
     what = path if python == path else f"{path} runs {python}, which"
-    return (f"freetoken_graphfix: warning: {what} does not load the shim (its site-packages have no "
+    return (f"{WARNING}{what} does not load the shim (its site-packages have no "
             f"freetoken-graphfix .pth; this environment's interpreter is {sys.executable}): it runs without it")
 
 
@@ -176,7 +176,7 @@ class _Relay:
                 return
             self.received.append(signum)
             if len(self.received) > 1:  # a second stop signal: the user asks for it to stop now
-                print(f"freetoken_graphfix: {signal.Signals(signum).name} again: killing {self.name} "
+                print(f"freetoken-graphfix: {signal.Signals(signum).name} again: killing {self.name} "
                       f"(pid {self.child.pid})", file=sys.stderr)
                 _send(self.child, signal.SIGKILL)
                 return

@@ -12,24 +12,20 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Callable
+from typing import Any
+
+from freetoken_graphfix import exits
+from freetoken_graphfix.errors import GraphfixError
+from freetoken_graphfix.exits import ERROR, OK, Parser, UsageError
 
 from . import arms, model, options, record_files, records
 from .cases import Models
 from .options import models_options, non_negative, outputs_options, positive, seconds, watchdog_option, whole_at_least
 from .outputs import check_writable, logs_unusable, none_for, write_outputs
 from .reports import Report, report_of
-from .settings import (
-    DeadlockSettings,
-    EngineSettings,
-    Outputs,
-    ProbeSettings,
-    RigSettings,
-    ServeSettings,
-    from_options,
-)
+from .settings import DeadlockSettings, EngineSettings, Outputs, ProbeSettings, RigSettings, ServeSettings, from_options
 from .startup import MIN_RUNS
 
-OK, ERR, USAGE = 0, 1, 2
 MODELS_TAKE_FT_ARGS = ("engine", "serve")  # the benchmarks FreeToken's own options after -- go to
 INSTALL_HINT = {"freetoken": "freetoken (the release to measure)", "openai": "'freetoken-graphfix[serve]'",
                 "matplotlib": "'freetoken-graphfix[plot]'"}
@@ -166,7 +162,7 @@ def add_tools(sub: argparse._SubParsersAction, prog: str) -> None:
     launch.add_argument("--kernels", type=positive, default=1700, help="small kernels in the graph (default 1700)")
     launch.add_argument("--launches", type=positive, default=200, help="timed launches each way (default 200)")
     # one first-launch case, in its own process (rig.deadlock.run_case): no help, so not listed
-    probe = sub.add_parser("_probe", parents=[watchdog_option()], prog=f"{prog} _probe")
+    probe = sub.add_parser("_probe", parents=[watchdog_option()], prog=f"{prog} _probe", command="bench _probe")
     probe.add_argument("--kernels", type=positive, required=True)
     probe.add_argument("--streams", type=positive, required=True)
     probe.add_argument("--mode", choices=arms.SHIM_MODES, required=True)
@@ -175,10 +171,10 @@ def add_tools(sub: argparse._SubParsersAction, prog: str) -> None:
 VISIBLE = ("rig", "deadlock", "engine", "serve", "startup", "report", "nsys", "launch", "write-model")
 
 
-def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.ArgumentParser:
+def parser(prog: str = "freetoken-graphfix bench") -> argparse.ArgumentParser:
     """The whole ``bench`` command line: one subparser per benchmark, so argparse refuses what a benchmark does not
     read."""
-    ap = argparse.ArgumentParser(prog=prog, usage="%(prog)s <benchmark> [options] (-h: all)",
+    ap = Parser(prog=prog, command="bench", usage="%(prog)s <benchmark> [options] (-h: all)",
                                  description=__doc__.split("\n\n")[0], epilog=EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="bench", required=True, title="benchmarks", metavar="{" + ",".join(VISIBLE) + "}")
@@ -190,11 +186,11 @@ def parser(prog: str = "python -m freetoken_graphfix bench") -> argparse.Argumen
     return ap
 
 
-def own(prog: str, name: str, ft_args: bool = False) -> dict[str, str]:
+def own(prog: str, name: str, ft_args: bool = False) -> dict[str, Any]:
     """A benchmark's parser's name and its short usage (argparse's own lists every option, twenty lines
     above a one-line error)."""
     tail = " [-- FreeToken's ft serve options]" if ft_args else ""
-    return {"prog": f"{prog} {name}", "usage": f"%(prog)s [options]{tail} (-h: all)"}
+    return {"prog": f"{prog} {name}", "usage": f"%(prog)s [options]{tail} (-h: all)", "command": f"bench {name}"}
 
 
 def checked(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -226,24 +222,29 @@ def checked(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Name
     return opts, ft_args
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m freetoken_graphfix bench") -> int:
-    """Entry point of ``bench``: parse, run the chosen benchmark, and turn a missing module into one line."""
+def main(argv: list[str] | None = None, prog: str = "freetoken-graphfix bench") -> int:
+    """Entry point of ``bench`` (the tool's ``freetoken-graphfix bench``, or this package's ``__main__``): every error
+    said in the command line's one line, with its exit code (``exits.run``)."""
     argv = sys.argv[1:] if argv is None else argv
+    return exits.run(lambda: run(argv, prog))
+
+
+def run(argv: list[str], prog: str) -> int:
+    """Parse, run the chosen benchmark, and turn a missing module into one line."""
     opts, ft_args = checked(parser(prog), argv)
     opts.command = shlex.join(["freetoken-graphfix", "bench", *argv])
-    say = f"{prog} {opts.bench}"
+    say = f"bench {opts.bench}"
     try:
         return RUN[opts.bench](opts, ft_args, say)
     except ModuleNotFoundError as exc:  # bench's own needs (FreeToken, its tokenizer...): one line, not a traceback
         name = (exc.name or "?").split(".")[0]
-        return error(say, f"needs the Python module {name!r}, which is not installed here "
-                          f"(pip install {INSTALL_HINT.get(name, name)})")
+        raise refused(say, f"needs the Python module {name!r}, which is not installed here "
+                           f"(pip install {INSTALL_HINT.get(name, name)})") from None
 
 
-def error(say: str, why: str) -> int:
-    """One ``bench SUBCOMMAND: error: ...`` line on stderr, and exit 1: the one shape every refusal takes."""
-    print(f"{say}: error: {why}", file=sys.stderr)
-    return ERR
+def refused(say: str, why: str) -> GraphfixError:
+    """The one shape every refusal of a benchmark takes: ``bench SUBCOMMAND: why``, exit 1."""
+    return GraphfixError(f"{say}: {why}")
 
 
 def finish(opts: argparse.Namespace, record: records.Record, report: Report | None = None) -> int:
@@ -253,7 +254,7 @@ def finish(opts: argparse.Namespace, record: records.Record, report: Report | No
     outputs = Outputs(opts.json, getattr(opts, "markdown", None), getattr(opts, "plot", None),
                       getattr(opts, "verbose", False))
     written = write_outputs(outputs, record, report)
-    return ERR if not written or report.failed else OK
+    return ERROR if not written or report.failed else OK
 
 
 def cuda_missing() -> str | None:
@@ -270,7 +271,7 @@ def do_rig(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
 
     why = cuda_missing()
     if why:
-        return error(say, why)
+        raise refused(say, why)
     if opts.gaps_into:
         return gaps_child(from_options(RigSettings, opts), opts.gaps_into)
     return finish(opts, run_arms(from_options(RigSettings, opts), opts.command))
@@ -281,7 +282,9 @@ def do_deadlock(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
     from .rig.deadlock import deadlock_matrix
 
     why = cuda_missing()
-    return error(say, why) if why else finish(opts, deadlock_matrix(from_options(DeadlockSettings, opts)))
+    if why:
+        raise refused(say, why)
+    return finish(opts, deadlock_matrix(from_options(DeadlockSettings, opts)))
 
 
 def do_models(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
@@ -297,7 +300,7 @@ def do_models(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
         found, why = cases.prepare(asked, ft_args)
     why = why or (openai_missing() if opts.bench == "serve" else None)
     if why:
-        return error(say, why)
+        raise refused(say, why)
     log_dir = opts.logs or tempfile.mkdtemp(prefix=f"graphfix-{opts.bench}-")
     os.makedirs(log_dir, mode=0o700, exist_ok=True)  # --logs: checked private (or made so) before anything ran
     if opts.bench == "serve":
@@ -329,21 +332,19 @@ def do_report(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
         record = record_files.read(opts.record)
         report = report_of(record)
     except record_files.RecordError as exc:
-        return error(say, str(exc))
+        raise refused(say, str(exc)) from None
     except record_files.DAMAGED as exc:
-        return error(say, record_files.damaged(opts.record, exc))
+        raise refused(say, record_files.damaged(opts.record, exc)) from None
     if opts.verbose and not report.has_detail:
-        return error(say, f"--verbose: a {report.kind} record has no detail beyond its report; it is for engine "
+        raise refused(say, f"--verbose: a {report.kind} record has no detail beyond its report; it is for engine "
                           "records")
     for option in ("markdown", "plot"):
         if getattr(opts, option) is not None and getattr(report, option) is None:
-            return error(say, none_for(f"--{option}", report.kind))
+            raise refused(say, none_for(f"--{option}", report.kind))
     try:
         return finish(opts, record, report)
     except record_files.DAMAGED as exc:  # --markdown and --plot are drawn only now
-        return error(say, record_files.damaged(opts.record, exc))
-
-
+        raise refused(say, record_files.damaged(opts.record, exc)) from None
 
 
 def do_nsys(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
@@ -353,7 +354,7 @@ def do_nsys(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
     try:
         print(nsys.report([nsys.read(path) for path in opts.traces]))
     except nsys.TraceError as exc:
-        return error(say, str(exc))
+        raise refused(say, str(exc)) from None
     return OK
 
 
@@ -363,7 +364,7 @@ def do_launch(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
 
     why = cuda_missing()
     if why:
-        return error(say, why)
+        raise refused(say, why)
     print(render(measure(opts.kernels, opts.launches)))
     return OK
 
@@ -373,8 +374,7 @@ def do_write_model(opts: argparse.Namespace, ft_args: list[str], say: str) -> in
     try:
         print(model.write_model(opts.folder, opts.family, opts.layers, opts.experts))
     except ValueError as exc:
-        print(f"{say}: error: {exc}", file=sys.stderr)
-        return USAGE
+        raise UsageError(f"bench {exc}") from None  # its message names write-model and the folder
     return OK
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from freetoken_graphfix import safe_files
 from freetoken_graphfix.errors import UnsafePathError
+from freetoken_graphfix.exits import PREFIX
 
 from . import record_files, records
 from .reports import Report
@@ -47,14 +48,15 @@ def write_outputs(outputs: Outputs, record: records.Record, report: Report) -> b
     if report.plot is not None:
         jobs.append(("--plot", outputs.plot, lambda path: _write_plot(path, report.plot)))
     elif outputs.plot:  # one rule for every record: nothing to draw is said, and the run fails
-        print(f"bench: {none_for('--plot', report.kind)}; nothing written", file=sys.stderr)
+        print(f"{PREFIX}bench: {none_for('--plot', report.kind)}; nothing written", file=sys.stderr)
         ok = False
     for option, path, job in jobs:
         if path:
             try:
                 job(path)
             except OSError as exc:
-                print(f"bench: {option} {path!r} could not be written: {exc.strerror or exc}", file=sys.stderr)
+                print(f"{PREFIX}bench: {option} {path!r} could not be written: {exc.strerror or exc}",
+                      file=sys.stderr)
                 ok = False
     return ok
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from freetoken_graphfix.exits import UsageError
 from freetoken_graphfix_bench import cli, cupti, record_files, records, running, stats, timeline
 from freetoken_graphfix_bench.rig import figures, measure, report
 
@@ -93,7 +94,7 @@ def test_bench_without_cuda_says_so(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    assert cli.main(["rig"]) == cli.ERR
+    assert cli.main(["rig"]) == 1
     assert "no CUDA device" in capsys.readouterr().err
 
 
@@ -282,10 +283,9 @@ def test_median_band_covers_the_median():
 
 @pytest.mark.parametrize("option", ["--instances", "--reps", "--kernels", "--streams", "--profile-reps"])
 def test_bench_refuses_bad_counts_naming_the_accepted_values(option, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(UsageError) as exc:
         cli.parser().parse_args(["rig", option, "-1"])
-    err = capsys.readouterr().err
-    assert option in err and "accepted values are whole numbers of" in err
+    assert option in str(exc.value) and "accepted values are whole numbers of" in str(exc.value)
 
 
 def test_profile_reps_may_be_zero():

@@ -204,7 +204,7 @@ def test_run_mode_overrides_a_bad_variable():
     assert out.returncode == 0 and out.stdout.strip() == "upload" and out.stderr == ""
     bad = run_cli("run", "--", "true", env=child_env("bogus"))
     assert bad.returncode == 1 and bad.stderr.strip() == (
-        "freetoken_graphfix: error: FT_GRAPH_UPLOAD='bogus' is not a valid mode; accepted values: auto, upload, "
+        "freetoken-graphfix: error: FT_GRAPH_UPLOAD='bogus' is not a valid mode; accepted values: auto, upload, "
         "skip, warm, deferred, off, 0, false (or pass --mode)")
 
 
@@ -216,11 +216,11 @@ def test_run_signal_exit_code():
 def test_run_errors_are_one_line_with_shell_exit_codes(tmp_path):
     bad = run_cli("run", "--mode", "fast", "--", "true")
     assert bad.returncode == 1
-    assert bad.stderr.strip() == ("freetoken_graphfix: error: --mode='fast' is not a valid mode; accepted values: "
+    assert bad.stderr.strip() == ("freetoken-graphfix: error: --mode='fast' is not a valid mode; accepted values: "
                                   "auto, upload, skip, warm, deferred, off, 0, false")
     missing = run_cli("run", "--", "no-such-command-xyz")
     assert missing.returncode == 127
-    assert missing.stderr.strip() == "freetoken_graphfix: error: run: command not found: 'no-such-command-xyz'"
+    assert missing.stderr.strip() == "freetoken-graphfix: error: run: command not found: 'no-such-command-xyz'"
     folder = run_cli("run", "--", str(tmp_path))
     assert folder.returncode == 126 and folder.stderr.strip().endswith("is a directory, not a command")
     script = tmp_path / "script.sh"
@@ -228,7 +228,7 @@ def test_run_errors_are_one_line_with_shell_exit_codes(tmp_path):
     plain = run_cli("run", "--", str(script))
     assert plain.returncode == 126 and plain.stderr.strip().endswith("is not executable (no execute permission)")
     empty = run_cli("run")
-    assert empty.returncode == 1 and "no command given" in empty.stderr
+    assert empty.returncode == 2 and "no command given" in empty.stderr  # a usage error
     for out in (bad, missing, folder, plain, empty):
         assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
 
@@ -262,7 +262,7 @@ def test_run_warns_about_another_interpreter(tmp_path):
     other.chmod(0o755)
     out = run_cli("run", "--", str(other))
     assert out.returncode == 0
-    assert out.stderr.strip() == (f"freetoken_graphfix: warning: {other} does not load the shim (its site-packages "
+    assert out.stderr.strip() == (f"freetoken-graphfix: warning: {other} does not load the shim (its site-packages "
                                   f"have no freetoken-graphfix .pth; this environment's interpreter is "
                                   f"{sys.executable}): it runs without it")
 

@@ -291,7 +291,7 @@ def test_unwritable_folder_changes_nothing(freetoken_tree, tmp_path):
     assert out.returncode == 1, out
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert out.stderr.startswith(
-        "freetoken_graphfix: error: cannot write python/freetoken/models/qwen4_exp/ple_disk.py")
+        "freetoken-graphfix: error: cannot write python/freetoken/models/qwen4_exp/ple_disk.py")
     assert digest(co) == original
 
 
@@ -367,7 +367,7 @@ def test_empty_repo_is_an_error_not_the_install(value):
     """A script passing --repo "$FT_DIR" with the variable unset must not patch site-packages."""
     out = run_cli("apply", "--repo", value)
     assert out.returncode == 1 and out.stdout == ""
-    assert out.stderr.startswith("freetoken_graphfix: error: --repo '': empty path") or "empty path" in out.stderr
+    assert out.stderr.startswith("freetoken-graphfix: error: --repo '': empty path") or "empty path" in out.stderr
 
 
 def test_site_note_only_after_applying_to_the_install(tmp_path, freetoken_tree, monkeypatch):
@@ -654,7 +654,7 @@ def test_an_unreadable_target_file_is_named(freetoken_tree, tmp_path):
     finally:
         locked.chmod(0o644)
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert out.stderr == ("freetoken_graphfix: error: cannot read python/freetoken/models/qwen4_exp/ple_disk.py: "
+    assert out.stderr == ("freetoken-graphfix: error: cannot read python/freetoken/models/qwen4_exp/ple_disk.py: "
                           "Permission denied; nothing was changed\n")
 
 

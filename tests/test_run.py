@@ -26,7 +26,7 @@ def test_a_command_that_cannot_be_executed_exits_126_in_one_line(tmp_path, first
     script.chmod(0o755)
     out = run_cli("run", "--", str(script))
     assert out.returncode == 126 and out.stdout == ""
-    assert out.stderr == f"freetoken_graphfix: error: run: {str(script)!r}: {why}\n"
+    assert out.stderr == f"freetoken-graphfix: error: run: {str(script)!r}: {why}\n"
 
 
 def test_an_executable_text_file_without_a_shebang_runs_under_sh_as_a_shell_runs_it(tmp_path):
@@ -42,7 +42,7 @@ def test_an_executable_text_file_without_a_shebang_runs_under_sh_as_a_shell_runs
 def test_an_empty_mode_is_an_error_not_auto():
     out = run_cli("run", "--mode", "", "--", "true")
     assert out.returncode == 1
-    assert out.stderr == ("freetoken_graphfix: error: --mode='' is not a valid mode; accepted values: auto, upload, "
+    assert out.stderr == ("freetoken-graphfix: error: --mode='' is not a valid mode; accepted values: auto, upload, "
                           "skip, warm, deferred, off, 0, false\n")
 
 
