@@ -50,8 +50,8 @@ def report_of(record: records.Record) -> Report:
 def _engine(record: records.EngineRecord) -> Report:
     """An engine record's report: each case's figures derived and judged; a record with no case fails, since no runs is
     no pass."""
-    from .engine.answer import failures as engine_failures
     from .engine.figures import figures_of
+    from .engine.headline import failures as engine_failures
     from .engine.plot import plot
     from .engine.report import markdown_case, render
 

@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 
 from freetoken_graphfix_bench import record_files, records
-from freetoken_graphfix_bench.engine import answer
+from freetoken_graphfix_bench.engine import headline
 from freetoken_graphfix_bench.engine.figures import EngineFigures, figures_of
 from freetoken_graphfix_bench.engine.loop import LoopFigure
 from freetoken_graphfix_bench.engine.report import markdown_case, render
@@ -87,7 +87,7 @@ class Judged:
         return "\n".join(markdown_case(self.case, self.figures, verbose))
 
     def failures(self) -> list[str]:
-        return answer.failures(self.figures)
+        return headline.failures(self.figures)
 
 
 def case_data(expects_wait=False, traced=None, label="llama", **arms) -> dict:

@@ -1,5 +1,5 @@
 """FreeToken's real runner, PLE table and ``Engine.forward_batch`` on the fake device, through a
-rebuild and the faults: what ``tests/patched_run.py`` (the series) and ``tests/run_013.py`` (the shim
+rebuild and the faults: what ``tests/patched_run.py`` (the series) and ``tests/run_freetoken_013.py`` (the shim
 on 0.1.3) both drive, in a child that imports the FreeToken under test first."""
 
 from __future__ import annotations

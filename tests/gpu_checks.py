@@ -18,7 +18,7 @@ import pytest
 
 from freetoken_graphfix_bench import arms as bench_arms
 from freetoken_graphfix_bench import records, verdicts
-from freetoken_graphfix_bench.engine import answer
+from freetoken_graphfix_bench.engine import headline
 from freetoken_graphfix_bench.engine.figures import EngineFigures, figures_of
 from freetoken_graphfix_bench.reports import report_of
 from freetoken_graphfix_bench.rig import figures as rig_figures
@@ -59,7 +59,7 @@ ENGINE_COPIES = ("engine-small", "engine-llama")
 @check(*ENGINE_WAIT)
 def protected_arms_never_block_and_keep_upstreams_tokens(m: Measured) -> None:
     _, figures = engine(m)
-    assert answer.failures(figures) == []
+    assert headline.failures(figures) == []
     protected = [arm for arm, s in figures.arms.items() if s.protected]
     assert "upstream" in protected and "auto" in protected, protected
     for arm in protected:
@@ -183,7 +183,7 @@ def at_775s_context_the_control_is_recovered_in_every_figure(m: Measured) -> Non
 @check("engine-llama")
 def a_model_without_the_wait_gets_no_op_everywhere_and_upstreams_tokens(m: Measured) -> None:
     case, figures = engine(m)
-    assert not figures.wait_case and answer.failures(figures) == [] and not report_of(m).failed
+    assert not figures.wait_case and headline.failures(figures) == [] and not report_of(m).failed
     for arm, s in figures.arms.items():
         assert s.protected and s.same_tokens_as_reference and s.fires == 0, arm
     assert {a for r in case.runs["auto"] for a in r.shim_actions()} == {"no-op"}

@@ -15,7 +15,7 @@ import torch
 from freetoken_graphfix import config
 from freetoken_graphfix_bench import arms, model, stats
 from freetoken_graphfix_bench import options as bench_options
-from freetoken_graphfix_bench.engine import judge
+from freetoken_graphfix_bench.engine import process_checks
 from freetoken_graphfix_bench.engine import run as engine_run
 
 from .engine_records import judged, process, result, shim
@@ -119,7 +119,7 @@ def test_child_never_imports_the_package():
 
 
 def problems(arm: str, wait_case: bool = True, **over) -> list[str]:
-    return judge.problems(arm, process(**over), wait_case)
+    return process_checks.problems(arm, process(**over), wait_case)
 
 
 def test_a_shim_arm_without_the_shim_is_a_problem():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from freetoken_graphfix_bench import arms, cli, stats, verdicts
-from freetoken_graphfix_bench.engine import detail, figures, loop
+from freetoken_graphfix_bench.engine import figures, loop, sections
 
 from .engine_child import copies as child
 from .engine_child import seams
@@ -78,7 +78,7 @@ def test_a_positive_control_not_read_back_leaves_the_upload_unjudged():
     text = (record).text()
     assert "NOT recovered, so the upload is not judged" in text
     assert text.splitlines()[1].endswith(": not judged (the positive control was not read back)")  # the headline
-    assert detail.NOT_JUDGED in text and verdicts.COSTS not in text.split("positive control")[0]
+    assert sections.NOT_JUDGED in text and verdicts.COSTS not in text.split("positive control")[0]
 
 
 def test_a_record_without_the_control_is_judged_and_says_it_has_none():
@@ -118,7 +118,7 @@ def test_each_launch_is_taken_against_the_launches_around_it_and_a_record_withou
     assert cycles == 2 and set(means) == {"a", "b", "c"}
     assert means == pytest.approx({"a": -third, "b": math.log(2) - third, "c": math.log(4) - third})
     assert loop.process_effect(process(), "step_gpu_ms", "2") is None  # an earlier release's record
-    assert detail.in_loop_lines(rec(upstream=result(), **{"pre-697": result()}).figures)[0].endswith(
+    assert sections.in_loop_lines(rec(upstream=result(), **{"pre-697": result()}).figures)[0].endswith(
         "not measured (--copies 0, or a record from before the decode loop launched copies)")
 
 
@@ -365,7 +365,7 @@ def test_a_host_bound_decode_step_is_named():
         return dict(r, graph_gpu_ms={bs: [0.7 * t for t in v] for bs, v in r["step_gpu_ms"].items()})
 
     record = rec(upstream=[slow_graph(looped(1))], **{"pre-697": [looped(2)]})
-    assert detail.host_bound(record.figures) == [
+    assert sections.host_bound(record.figures) == [
         f"upstream bs {bs}: the graph step takes 70% of the decode step's GPU time (host-bound: the step's GPU time "
         "and tok/s follow the host)" for bs in ("2", "1")]
 

@@ -19,7 +19,7 @@ import pytest
 from . import gpu_checks
 from .gpu_records import RECORDS, load, load_steps
 
-GPU_MODULES = ["test_engine_gpu.py", "test_gpu.py", "test_serve_gpu.py", "test_013_gpu.py"]
+GPU_MODULES = ["test_engine_gpu.py", "test_gpu.py", "test_serve_gpu.py", "test_freetoken_013_gpu.py"]
 
 
 def measured(name: str):

@@ -144,7 +144,7 @@ def test_across_processes_a_known_cost_is_named_and_none_invented(cost, apart):
     import random
 
     from freetoken_graphfix_bench import verdicts
-    from freetoken_graphfix_bench.engine import detail
+    from freetoken_graphfix_bench.engine import sections
 
     from .engine_records import looped
     from .test_engine_figures import rec
@@ -159,7 +159,7 @@ def test_across_processes_a_known_cost_is_named_and_none_invented(cost, apart):
                     for i in range(4)]
 
         record = rec(upstream=processes(1 + cost, 0), **{"pre-697": processes(1.0, 10), "auto": processes(1.0, 20)})
-        lines, _ = detail.cross_verdicts(record.figures)
+        lines, _ = sections.cross_verdicts(record.figures)
         named.append(next(ln for ln in lines if ln.startswith("upstream") and "decode step" in ln).rsplit(": ", 1)[1])
     if want is None:
         assert not {verdicts.COSTS, verdicts.FASTER} & set(named), named

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from freetoken_graphfix_bench import cases, cli, model, target, workload
-from freetoken_graphfix_bench.engine import judge
+from freetoken_graphfix_bench.engine import process_checks
 from freetoken_graphfix_bench.engine.report import DETAIL
 
 from .engine_records import judged as judged_case
@@ -237,9 +237,9 @@ def test_without_a_wait_every_shim_arm_is_a_no_op_and_every_arm_must_match():
 
 def test_a_model_expected_to_hold_the_wait_that_does_not_is_a_problem():
     r = process(**no_wait_result())
-    assert judge.problems("upstream", r, False, expects_wait=True) == [
+    assert process_checks.problems("upstream", r, False, expects_wait=True) == [
         "PLE table NoneType is not in CUDA wait-sync mode: no WAIT to protect"]
-    assert judge.problems("upstream", r, False, expects_wait=False) == []
+    assert process_checks.problems("upstream", r, False, expects_wait=False) == []
 
 
 def test_the_markdown_report_has_775s_shape():

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from freetoken_graphfix_bench import cli, spin
-from freetoken_graphfix_bench.engine import answer, detail, loop
-from freetoken_graphfix_bench.engine.detail import AS_CONTROL, LAUNCH_PATH
+from freetoken_graphfix_bench.engine import headline, loop, sections
+from freetoken_graphfix_bench.engine.sections import AS_CONTROL, LAUNCH_PATH
 from freetoken_graphfix_bench.stats import Ratio, half_width, t975
 from freetoken_graphfix_bench.verdicts import CANNOT, COSTS, FASTER, NO_COST, WITHIN_AA, judged, recovered, worst
 
@@ -159,9 +159,9 @@ def test_the_markdown_opens_the_in_loop_figures_with_the_upload_in_bold():
 
 def test_the_host_levels_line_says_one_level_or_where_the_levels_split():
     one = rec(upstream=[looped(i) for i in range(2)], **{"pre-697": [looped(i + 2) for i in range(2)]})
-    assert detail.host_level_lines(one.figures)[0].endswith("one per phase")
+    assert sections.host_level_lines(one.figures)[0].endswith("one per phase")
     two = rec(upstream=[looped(0), looped(1, host=0.44)], **{"pre-697": [looped(2), looped(3, host=0.44)]})
-    assert "several: bs 2: A < " in detail.host_level_lines(two.figures)[0]
+    assert "several: bs 2: A < " in sections.host_level_lines(two.figures)[0]
 
 
 def test_an_arm_without_traced_runs_says_so_in_the_timeline():
@@ -224,7 +224,7 @@ def test_the_runs_sensitivity_is_its_widest_judged_interval():
     figures = rec(upstream=[looped(0)]).figures
     figures.control_in_loop = {"step": {"2": ctl, "1": ctl}}
     figures.upload_in_loop = {"step": {"2": figure(1.0, 0.001), "1": figure(1.0, 0.004)}}
-    conclusion = answer.control_reading(figures)[1]
+    conclusion = headline.control_reading(figures)[1]
     assert conclusion.endswith("this run names any cost above +0.40%"), conclusion
 
 
@@ -267,8 +267,8 @@ def test_the_report_answers_first_with_the_details_own_figures():
     text = (record).text()
     head = text.splitlines()[:8]
     assert head[0] == "safety: every protected arm never blocked and gave upstream's tokens"
-    detail = next(ln for ln in text.splitlines() if ln.startswith("  GPU time per decode step: bs 2 +"))
-    figure = detail.split(": ", 1)[1].split(" (processes", 1)[0]
+    line = next(ln for ln in text.splitlines() if ln.startswith("  GPU time per decode step: bs 2 +"))
+    figure = line.split(": ", 1)[1].split(" (processes", 1)[0]
     assert head[1].startswith("the upload in the decode loop: GPU time per decode step " + figure)
     assert head[1].endswith(COSTS) and head[2].startswith("positive control: recovered; this run names any cost")
     assert head[3] == ("what to set: nothing needs protection here; FT_GRAPH_UPLOAD=auto skips an upload that "
@@ -294,6 +294,6 @@ def test_the_headline_takes_the_worst_size_and_says_no_cost_where_there_is_none(
     figures.control_in_loop = {}
     figures.upload_in_loop = {"step": {"2": figure(1.0, 0.001), "1": figure(1.02, 0.002)}}
     # a cost at bs 1 is the line's verdict, whatever bs 2 says
-    assert answer.upload_cost(figures, answer.control_reading(figures)[2])[1] == COSTS
+    assert headline.upload_cost(figures, headline.control_reading(figures)[2])[1] == COSTS
     clean = rec(upstream=[looped(i) for i in range(3)]).text().splitlines()
     assert clean[1].endswith(NO_COST) and clean[3].endswith("the upload costs nothing beyond ±0.5% here")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ..arms import ARMS, GATE, aa_pair
 from ..records import EngineCase, EngineProcess, Summary, TracedBs, TracedRun, largest_first
 from ..stats import Ratio, cluster_of, clusters, geometric_mean, grouped_ratio, instance_medians, summary
-from . import judge, loop
+from . import loop, process_checks
 from .loop import LoopFigure
 
 HOST_LEVEL_GAP = 0.25
@@ -363,8 +363,8 @@ def figures_of(case: EngineCase) -> EngineFigures:
     """Every figure of ``case`` by the current rules, from its raw processes alone (so a saved record is
     judged again): which case the runs found, every process's problems, the arms, the upload in the
     decode loop, host levels, the A/A control and each arm's ratios to the never-uploaded arm."""
-    runs, wait_case = case.runs, judge.wait_case_of(case.runs)
-    problems = {arm: [judge.problems(arm, r, wait_case, case.expects_wait) for r in rs if r.ok]
+    runs, wait_case = case.runs, process_checks.wait_case_of(case.runs)
+    problems = {arm: [process_checks.problems(arm, r, wait_case, case.expects_wait) for r in rs if r.ok]
                 for arm, rs in runs.items()}
     reference = "upstream" if upstream_protects(runs) else GATE
     expected = {r.token_hash for r in runs.get(reference, []) if r.ok}

@@ -1,5 +1,5 @@
 """``bench engine``'s report of a case, the terminal's and ``--markdown``'s (#775's own shape): the
-answer first (``answer``), then the environment, the arms' table and the detail (``detail``)."""
+headline first (``headline``), then the environment, the arms' table and the sections (``sections``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 from ..records import EngineCase, largest_first
 from ..timeline import first_streams
 from ..verdicts import REPORTERS_CHECK
-from . import detail
-from .answer import answer, failures, safety
+from . import sections
 from .figures import EngineFigures
+from .headline import answer, failures, safety
 
 WAIT_KINDS = {"ple": "PLE table", "cpu_moe": "CPU-MoE executor", "locked_fetch": "locked fetch"}
 DETAIL = ("_The kernel timeline per arm, every process's host level and memory and the diagnostics from an idle "
@@ -104,11 +104,11 @@ def safety_lines(figures: EngineFigures) -> list[str]:
 
 def render(case: EngineCase, figures: EngineFigures) -> str:
     """The terminal report of one case."""
-    cross_lines, loop_by = detail.cross_verdicts(figures)
+    cross_lines, loop_by = sections.cross_verdicts(figures)
     lines = [*answer(figures), "", *header(case, figures), *arm_table(figures), *waits_line(figures),
-             *detail.in_loop_lines(figures), *detail.timeline_lines(figures), *detail.host_level_lines(figures),
-             *detail.cross_table(figures), *detail.aa_lines(figures), *cross_lines, *detail.host_bound(figures),
-             *detail.diagnostic_lines(figures, loop_by), *safety_lines(figures)]
+             *sections.in_loop_lines(figures), *sections.timeline_lines(figures), *sections.host_level_lines(figures),
+             *sections.cross_table(figures), *sections.aa_lines(figures), *cross_lines, *sections.host_bound(figures),
+             *sections.diagnostic_lines(figures, loop_by), *safety_lines(figures)]
     return "\n".join(lines)
 
 
@@ -130,19 +130,19 @@ def verbose_lines(figures: EngineFigures, loop_by: dict[tuple[str, str, str], st
     """``--verbose``'s part of the markdown: what the terminal report prints beyond the answer and the
     verdicts (the timeline per arm, each process's host level, memory, the diagnostics from idle)."""
     out = ["", "Detail:", ""]
-    out += [f"- {line.strip()}" for line in detail.timeline_lines(figures)]
-    out += [f"- {line.strip()}" for line in detail.host_level_lines(figures)]
+    out += [f"- {line.strip()}" for line in sections.timeline_lines(figures)]
+    out += [f"- {line.strip()}" for line in sections.host_level_lines(figures)]
     out += [f"- free GPU memory after capture, {arm}: {s.free_mib_after_capture:.0f} MiB; taken by the first "
             f"launch: " + ", ".join(f"bs {bs} {v:.0f} MiB" for bs, v in s.first_launch_mib.items())
             for arm, s in figures.arms.items()]
-    return out + [f"- {line.strip()}" for line in detail.diagnostic_lines(figures, loop_by)]
+    return out + [f"- {line.strip()}" for line in sections.diagnostic_lines(figures, loop_by)]
 
 
 def markdown_case(case: EngineCase, figures: EngineFigures, verbose: bool) -> list[str]:
     """One case in #775's shape: the answer, the environment and command, #775's own table, the upload in
     the decode loop, "GPU ms per decode step | tok/s" per build, the verdicts and the safety line."""
     gpu, driver, torch, day = env_of(case)
-    cross_lines, loop_by = detail.cross_verdicts(figures)
+    cross_lines, loop_by = sections.cross_verdicts(figures)
     out = [f"### freetoken-graphfix bench engine: {case.label}", "",
            *(f"- **{line}**" if i == 0 else f"- {line}" for i, line in enumerate(answer(figures))), "",
            "| | |", "|---|---|",
@@ -154,18 +154,18 @@ def markdown_case(case: EngineCase, figures: EngineFigures, verbose: bool) -> li
                ("date", day), ("command", f"`{case.command or 'not recorded'}`"))),
            "", *table_775(figures), "", f"Case: {case_line(figures)}.", ""]
     out += [f"**{line.strip()}**" if i == 0 else f"- {line.strip()}"
-            for i, line in enumerate(detail.in_loop_lines(figures))]
+            for i, line in enumerate(sections.in_loop_lines(figures))]
     out += ["", "| build | bs | GPU ms per decode step | tok/s | vs never uploaded, within host levels (95%) | "
             "graph step vs never uploaded | replayed from idle vs never uploaded (diagnostic) |",
             "|---|---|---|---|---|---|---|"]
     for arm, s in figures.arms.items():
         for bs, q in s.step_gpu_ms.items():
             out.append(f"| {arm} | {bs} | {q.median:.3f} | {s.tok_s.get(bs, math.nan):.1f} | "
-                       + " | ".join(detail.cross_cells(s, arm == figures.base, bs)) + " |")
+                       + " | ".join(sections.cross_cells(s, arm == figures.base, bs)) + " |")
     out.append("")
     out += [f"- {line}" for line in waits_line(figures)]
-    out += [f"- {line}" for line in detail.host_bound(figures)]
-    out += [f"- **{line}**" for line in (*detail.aa_lines(figures), *cross_lines)]
+    out += [f"- {line}" for line in sections.host_bound(figures)]
+    out += [f"- **{line}**" for line in (*sections.aa_lines(figures), *cross_lines)]
     out += [f"- {line}" for line in safety_lines(figures)]
     out += verbose_lines(figures, loop_by) if verbose else ["", DETAIL]
     return out + ["", f"_{REPORTERS_CHECK}._", ""]

@@ -2,7 +2,7 @@
 ``DiskRowTable`` (``_ple_store``) and replay on the device, through the bench rig (10,000 kernels
 behind the PLE WAIT, a size where 0.2.x blocks), per mode. Prints one JSON line.
 
-``python -m tests.run_013_gpu``: 0.1.3's smallest real pieces that run on a GPU beside a newer torch.
+``python -m tests.run_freetoken_013_gpu``: 0.1.3's smallest real pieces that run on a GPU beside a newer torch.
 """
 
 import json

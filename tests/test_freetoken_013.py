@@ -1,7 +1,7 @@
 """FreeToken 0.1.3: the same first-launch deadlock with no upload anywhere; the shim protects it.
 
 Against the real 0.1.3 wheel from PyPI (its ``GraphRunner``, ``DiskRowTable`` over ``_ple_store`` and
-``Engine.forward_batch``), in a child process that imports it first (``tests/run_013.py``)."""
+``Engine.forward_batch``), in a child process that imports it first (``tests/run_freetoken_013.py``)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ OK = {"fired": False, "ok": True, "flag_after": 0}
 def run(freetoken_tree) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "FT_GRAPH_UPLOAD"}
     env["PYTHONPATH"] = os.pathsep.join([str(freetoken_tree("0.1.3")), str(ROOT)])
-    out = subprocess.run([sys.executable, "-m", "tests.run_013"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run([sys.executable, "-m", "tests.run_freetoken_013"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     record = json.loads(out.stdout.strip().splitlines()[-1])
     assert record["freetoken"] == "0.1.3" and not record["has_upload_graph"]

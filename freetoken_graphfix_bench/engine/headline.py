@@ -1,7 +1,7 @@
 """``bench engine``'s answer, the four lines a report opens with: is every protected arm safe (never
 blocked, the reference's tokens), what does the upload cost in the decode loop (its 95% band, judged
 only where the positive control was read back), what could this run have seen, and what to set.
-Every figure here is one of the detail's (``detail``), never a new one."""
+Every figure here is one of the sections' (``sections``), never a new one."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What makes one ``bench engine`` process no proof of anything (``problems``), and whether a case's
 graphs held the host-released WAIT at all (``wait_case_of``). The safety targets over a case's arms are
-``answer.failures``."""
+``headline.failures``."""
 
 from __future__ import annotations
 

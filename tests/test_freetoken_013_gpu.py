@@ -35,8 +35,8 @@ def env_013() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def rig():
-    out = subprocess.run([sys.executable, "-m", "tests.run_013_gpu"], cwd=ROOT, env=env_013(), capture_output=True,
-                         text=True, timeout=900)
+    out = subprocess.run([sys.executable, "-m", "tests.run_freetoken_013_gpu"], cwd=ROOT, env=env_013(),
+                         capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     record = json.loads(out.stdout.strip().splitlines()[-1])
     print("\n" + json.dumps(record, indent=1))

@@ -10,8 +10,8 @@ import math
 from ..arms import ARMS
 from ..stats import Ratio
 from ..verdicts import COSTS, FASTER, judged, pct, worst
-from .answer import control_reading, judged_at
 from .figures import CROSS, ArmFigures, EngineFigures, IdleFigure
+from .headline import control_reading, judged_at
 from .loop import METRICS, LoopFigure
 
 NOT_JUDGED = "not judged: the positive control was not recovered"

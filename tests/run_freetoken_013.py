@@ -1,6 +1,6 @@
 """Run in a child whose ``PYTHONPATH`` puts FreeToken 0.1.3 first: the shim on 0.1.3's real pieces.
 
-``python -m tests.run_013`` prints one JSON line: 0.1.3's real ``GraphRunner`` (no ``_upload_graph``
+``python -m tests.run_freetoken_013`` prints one JSON line: 0.1.3's real ``GraphRunner`` (no ``_upload_graph``
 at all), ``DiskRowTable`` (wait-sync, ``_ple_store``) and ``Engine.forward_batch`` on the fake
 device, whose large graphs block their first never-uploaded launch behind their WAIT. First
 without the shim (the negative control), then in every mode, then the faults under ``auto``.
