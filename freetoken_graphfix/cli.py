@@ -79,6 +79,8 @@ def commands_installed() -> dict[str, Any]:
     from importlib.metadata import entry_points
 
     return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+
+
 DESCRIPTION = "Protect only the FreeToken CUDA graphs that need it, at no replay cost."
 
 
@@ -89,13 +91,14 @@ def program() -> str:
     return name if name in ("freetoken-graphfix", "freetoken-patch") else "python -m freetoken_graphfix"
 
 
-def parser(prog: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """The top-level parser, and each command's own (for its own usage on its own errors)."""
+def parser(prog: str | None = None, plugins: list[str] | None = None
+           ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser, and each command's own (for its own usage on its own errors); ``plugins``: the registered
+    commands' names, where the caller has read them already."""
     prog = prog or program()
-    ap = Parser(prog=prog, description=DESCRIPTION,
-                                 epilog="'<command> -h' describes a command and its options.")
+    ap = Parser(prog=prog, description=DESCRIPTION, epilog="'<command> -h' describes a command and its options.")
     ap.add_argument("--version", action="version", version=f"freetoken-graphfix {__version__}")
-    plugins = list(commands_installed())
+    plugins = list(commands_installed()) if plugins is None else plugins
     sub = ap.add_subparsers(dest="cmd", required=True, title="commands",
                             metavar="{" + ",".join(["doctor", "run", "patch", *plugins]) + "}")
     doctor = sub.add_parser("doctor", command="doctor",
@@ -140,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str], prog: str) -> int:
     """Parse ``argv`` and run its command."""
-    if argv[:1] and argv[0] in (plugins := commands_installed()):  # a command of its own (git's external commands)
+    plugins = commands_installed()
+    if argv[:1] and argv[0] in plugins:  # a command of its own (git's external commands)
         return plugins[argv[0]].load()(argv[1:], prog=f"{prog} {argv[0]}")
-    ap, commands = parser(prog)
+    ap, commands = parser(prog, list(plugins))
     if argv[:1] == ["--mode"] or argv[:1] and argv[0].startswith("--mode="):
         ap.error("--mode is run's option: put it after run (run --mode MODE -- COMMAND)")
     args, extra = ap.parse_known_args(argv)

@@ -15,7 +15,8 @@ from typing import NoReturn
 
 from .errors import GraphfixError
 
-OK, ERROR, USAGE = 0, 1, 2
+OK, USAGE = 0, 2
+ERROR = GraphfixError.code  # what every error exits with unless its class says otherwise
 PATCH_NOT_APPLIED, PATCH_PARTLY = 3, 4  # 'patch check': 0 applied
 NOT_FOUND, NOT_EXECUTABLE = 127, 126  # 'run': a command a shell could not start
 INTERRUPTED, BROKEN_PIPE = 128 + 2, 128 + 13  # what a shell exits with for SIGINT and SIGPIPE
@@ -49,7 +50,7 @@ def run(main: Callable[[], int]) -> int:
         return main()
     except GraphfixError as exc:
         print(f"{PREFIX}{exc}", file=sys.stderr)
-        return getattr(exc, "code", ERROR)
+        return exc.code
     except KeyboardInterrupt:
         return INTERRUPTED
     except BrokenPipeError:  # `doctor | head`: the reader left; say nothing more, as a shell tool would
