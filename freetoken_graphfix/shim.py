@@ -15,12 +15,13 @@ row store's extension), the function that enqueues the WAIT, which records each 
 No graph can hold such a WAIT before that module is imported; should the function found then not be
 the one the shim expects, the shim stands down whole and FreeToken keeps its own upload.
 
-What runs inside FreeToken's calls, and the state it fills, is ``capture``; this module holds the
-lifecycle.
+Each install is a ``capture.Shim``, whose methods are the wrappers and which holds everything the
+install found and did; this module holds the lifecycle and reads the latest install for ``status()``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import wrapt
 
 from . import bootstrap, config
-from .capture import state
+from .capture import Shim
 from .compat import GRAPH_MODULE, UPLOAD_SEAM, check, freetoken_version
 from .config import Mode
 from .device import CudaDevice, Device
@@ -43,7 +44,13 @@ if TYPE_CHECKING:  # status() and the deferred guard are imported when first nee
 
 logger = logging.getLogger("freetoken_graphfix")
 
+latest: Shim | None = None  # the latest install, live or uninstalled (its record stays readable); None before any
+refused = ""  # the install the .pth armed refused FT_GRAPH_UPLOAD's value: why, until the next install
 
+
+def live() -> Shim | None:
+    """The installed shim, ``None`` when none is."""
+    return latest if latest is not None and latest.installed else None
 
 
 def install(mode: str | Mode | None = None, *, device: Device | None = None,
@@ -58,20 +65,22 @@ def install(mode: str | Mode | None = None, *, device: Device | None = None,
     benchmark; a switch keeps the ones installed unless given. Raises
     :class:`~freetoken_graphfix.errors.ConfigError` for a mode it does not accept, changing nothing.
     """
+    global latest, refused
     source = "mode" if mode is not None else config.ENV_MODE
     given = config.env_value() if mode is None else mode.value if isinstance(mode, Mode) else mode
     resolved = config.parse_mode(given, source=source)
-    if state.installed:
-        _switch(resolved, device or state.device, state.warm_timeout_s if warm_timeout_s is None else warm_timeout_s)
+    current = live()
+    if current is not None:
+        _switch(current, resolved, device or current.device,
+                current.warm_timeout_s if warm_timeout_s is None else warm_timeout_s)
         return
     env_before = bootstrap.disarm()  # an install pending FreeToken's import: this one replaces it
-    state.env_before = env_before if env_before is not bootstrap.NOT_ARMED else os.environ.get(config.ENV_MODE)
-    state.uninstalled, state.config_error = "", ""
+    if env_before is bootstrap.NOT_ARMED:
+        env_before = os.environ.get(config.ENV_MODE)
+    refused = ""
     os.environ[config.ENV_MODE] = resolved.value
-    state.mode, state.installed = resolved, True
-    state.given = f"{source}={given!r}"
-    state.device = device or CudaDevice()
-    state.warm_timeout_s = config.WARM_TIMEOUT_S if warm_timeout_s is None else warm_timeout_s
+    latest = Shim(resolved, f"{source}={given!r}", device or CudaDevice(),
+                  config.WARM_TIMEOUT_S if warm_timeout_s is None else warm_timeout_s, env_before)
     if resolved is Mode.OFF:
         logger.info("%s=off: shim disabled; FreeToken keeps its own upload", config.ENV_MODE)
         return
@@ -83,34 +92,37 @@ def install_armed() -> None:
 
     Runs inside FreeToken's import, so a bad ``FT_GRAPH_UPLOAD`` is one ERROR line naming it (and
     FreeToken keeps its own upload) rather than an exception that would break that import."""
+    global refused
     try:
         install()
     except ConfigError as exc:
         bootstrap.disarm()  # resolved: reported once, here, and FreeToken stays as shipped
-        state.config_error = f"{exc}; FreeToken left untouched (its own upload)"
-        logger.error("not patched: %s", state.config_error)
+        refused = f"{exc}; FreeToken left untouched (its own upload)"
+        logger.error("not patched: %s", refused)
 
 
-def _switch(mode: Mode, device: Device, warm_timeout_s: float) -> None:
+def _switch(current: Shim, mode: Mode, device: Device, warm_timeout_s: float) -> None:
     """``install()`` on an installed shim: switch the mode for graphs captured from now on; to or from ``off``,
-    reinstall."""
-    state.device, state.warm_timeout_s = device, warm_timeout_s
-    before = state.mode
+    reinstall, the new install carrying on the record of this one."""
+    current.device, current.warm_timeout_s = device, warm_timeout_s
+    before = current.mode
     if mode is before:
         logger.debug("freetoken_graphfix already installed in mode %s", mode.value)
         return
-    captured = sum(len(p.graphs) for p in state.passes)
+    captured = sum(len(p.graphs) for p in current.passes)
     change = (f"{before.value} -> {mode.value}: graphs captured from now on; the {captured} captured before "
               "keep their decisions")
     if Mode.OFF in (before, mode):  # off patches nothing: patching or unpatching is a new install
-        env_before = state.env_before
         uninstall()
         install(mode, device=device, warm_timeout_s=warm_timeout_s)
-        state.env_before = env_before
+        assert latest is not None
+        latest.env_before = current.env_before
+        latest.passes, latest.mode_changes = current.passes, current.mode_changes
+        current = latest
     else:
-        state.mode = mode
+        current.mode = mode
         os.environ[config.ENV_MODE] = mode.value
-    state.mode_changes.append(change)
+    current.mode_changes.append(change)
     logger.info("mode %s", change)
 
 
@@ -121,25 +133,26 @@ def uninstall() -> None:
     them once the guard is gone, and the upload is FreeToken's own protection. ``FT_GRAPH_UPLOAD``
     is put back as it was before the shim set it, also when only an install was pending."""
     pending = bootstrap.disarm()
-    if not state.installed:
+    current = live()
+    if current is None:
         if pending is not bootstrap.NOT_ARMED:  # import exported auto for a user who set nothing
             _restore_env(pending)
         logger.debug("freetoken_graphfix not installed; nothing to uninstall")
         return
-    if state.guard is not None and state.guard.pending:
-        count = state.guard.protect_pending("uploaded at uninstall() (FreeToken's protection)")
-        state.uninstalled = f"uploaded {count} graph(s) still awaiting their first launch"
-        logger.info("uninstall: %s (FreeToken's own protection)", state.uninstalled)
-    state.guard = None
+    if current.guard is not None and current.guard.pending:
+        count = current.guard.protect_pending("uploaded at uninstall() (FreeToken's protection)")
+        current.uninstalled = f"uploaded {count} graph(s) still awaiting their first launch"
+        logger.info("uninstall: %s (FreeToken's own protection)", current.uninstalled)
+    current.guard = None
     bootstrap.discard(GRAPH_MODULE, _on_graph_import)
-    if state.compat is not None:
-        bootstrap.discard(state.compat.wait_module, _on_wait_module_import)
-    _unwrap_all()
-    state.recorder.clear()
-    state.current = None
-    state.compat = None
-    _restore_env(state.env_before)
-    state.installed, state.mode = False, None
+    if current.compat is not None:
+        bootstrap.discard(current.compat.wait_module, _on_wait_module_import)
+    _unwrap_all(current)
+    current.recorder.clear()
+    current.current = None
+    current.compat = None
+    _restore_env(current.env_before)
+    current.installed = False
 
 
 def _restore_env(value: str | None) -> None:
@@ -150,29 +163,24 @@ def _restore_env(value: str | None) -> None:
         os.environ[config.ENV_MODE] = value
 
 
-def user_env_value() -> str | None:
-    """``FT_GRAPH_UPLOAD`` as the user set it, before the shim exported the resolved mode."""
-    if state.installed:
-        return state.env_before
-    return bootstrap.user_env_value()
-
-
 def status() -> Status:
     """What the shim found, did and decided in this process. Where importing the package armed an
     install that has not run yet, the mode it would take is resolved here, quietly: a bad value is
     this status's reason, never a log line of its own."""
     from .status_record import DeferredGuard, FreeTokenFound, Status
 
-    reason = _reason()
-    compat, guard = state.compat, state.guard
+    current = live()
+    compat = current.compat if current else None
+    guard = current.guard if current else None
     found = (FreeTokenFound(compat.version, compat.path, compat.tested) if compat else
              FreeTokenFound(freetoken_version() if _freetoken_installed() else None))
     deferred = DeferredGuard(bool(compat and compat.deferred), compat.deferred_reason if compat else None,
-                             guard.pending if guard else 0, state.uninstalled)
-    mode = state.mode.value if state.mode else _armed_mode()
-    return Status(installed=state.installed or mode is not None, mode=mode, patched=bool(state.patches),
-                  reason=reason, freetoken=found, deferred=deferred, mode_changes=list(state.mode_changes),
-                  passes=list(state.passes))
+                             guard.pending if guard else 0, latest.uninstalled if latest else "")
+    mode = current.mode.value if current else _armed_mode()
+    return Status(installed=mode is not None, mode=mode, patched=bool(current and current.patches),
+                  reason=_reason(current), freetoken=found, deferred=deferred,
+                  mode_changes=list(latest.mode_changes) if latest else [],
+                  passes=list(latest.passes) if latest else [])
 
 
 def _armed_mode() -> str | None:
@@ -186,23 +194,25 @@ def _armed_mode() -> str | None:
         return None
 
 
-def _reason() -> str:
+def _reason(current: Shim | None) -> str:
     """Why the shim is not patching, in one line for ``status()``: a bad value, off, waiting for FreeToken, or not
     installed."""
-    if state.config_error:
-        return state.config_error
-    if not state.installed and bootstrap.env_before() is not bootstrap.NOT_ARMED:
+    if refused:
+        return refused
+    if current is None and bootstrap.env_before() is not bootstrap.NOT_ARMED:
         try:
             mode = config.parse_mode(bootstrap.env_before())  # type: ignore[arg-type]
         except ConfigError as exc:
             return f"{exc}; FreeToken will keep its own upload"
         return (f"disabled ({config.ENV_MODE}={bootstrap.env_before()!r})" if mode is Mode.OFF else
                 f"waiting for {GRAPH_MODULE} to be imported")
-    if not state.installed:
+    if current is None:
         return "not installed"
-    if state.mode is Mode.OFF:
-        return f"disabled ({state.given})"
-    return state.compat.reason if state.compat is not None else f"waiting for {GRAPH_MODULE} to be imported"
+    if current.failure:
+        return current.failure
+    if current.mode is Mode.OFF:
+        return f"disabled ({current.given})"
+    return current.compat.reason if current.compat is not None else f"waiting for {GRAPH_MODULE} to be imported"
 
 
 def _freetoken_installed() -> bool:
@@ -215,43 +225,42 @@ def _freetoken_installed() -> bool:
 def _on_graph_import(graph: ModuleType) -> None:
     """FreeToken's graph module was imported: check what this release offers and wrap its hooks, all or nothing; any
     failure leaves FreeToken as shipped."""
-    from . import capture
-
-    if not state.installed or state.mode is Mode.OFF or state.patches:
+    current = live()
+    if current is None or current.mode is Mode.OFF or current.patches:
         return
     try:
-        compat = state.compat = check(graph)
+        compat = current.compat = check(graph)
     except Exception as exc:  # runs inside FreeToken's import: never break it, leave it as shipped
-        state.compat = None
-        state.config_error = f"inspecting FreeToken failed ({exc!r}); FreeToken left untouched"
-        logger.error("not patched: %s", state.config_error)
+        current.compat = None
+        current.failure = f"inspecting FreeToken failed ({exc!r}); FreeToken left untouched"
+        logger.error("not patched: %s", current.failure)
         return
     if not compat.patchable:
         logger.log(logging.WARNING if compat.unexpected else logging.INFO, "not patched: %s", compat.reason)
         return
     try:
         if compat.flavor == UPLOAD_SEAM:
-            _wrap(graph, "_upload_graph", capture.on_upload_graph)
-        _wrap(graph.GraphRunner, "_capture_graphs", _on_capture_graphs)
+            _wrap(current, graph, "_upload_graph", current.on_upload_graph)
+        _wrap(current, graph.GraphRunner, "_capture_graphs", functools.partial(_on_capture_graphs, current))
     except Exception as exc:  # never leave a half-patched FreeToken
-        _stand_down(f"patching failed: {exc!r}")
+        _stand_down(current, f"patching failed: {exc!r}")
         return
-    if not compat.deferred and state.mode is Mode.DEFERRED:  # the guard itself is made at the first deferred graph
+    if not compat.deferred and current.mode is Mode.DEFERRED:  # the guard itself is made at the first deferred graph
         logger.warning("FT_GRAPH_UPLOAD=deferred but %s: graphs that need protection get warm",
                        compat.deferred_reason)
     bootstrap.when_imported(compat.wait_module, _on_wait_module_import)  # now, if FreeToken imported it already
-    if state.patches:
+    if current.patches:
         logger.log(logging.WARNING if compat.unexpected else logging.INFO, "patched (mode %s): %s",
-                   state.mode.value, compat.reason)
+                   current.mode.value, compat.reason)
 
 
-def _on_capture_graphs(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    """One capture pass (``capture.on_capture_graphs``), then, where asked, this process's status written
+def _on_capture_graphs(current: Shim, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """One capture pass (``Shim.on_capture_graphs``), then, where asked, this process's status written
     for a tool that reads it as data (``FT_GRAPHFIX_STATUS_DIR``)."""
-    from . import capture, status_record
+    from . import status_record
 
     try:
-        return capture.on_capture_graphs(wrapped, instance, args, kwargs)
+        return current.on_capture_graphs(wrapped, instance, args, kwargs)
     finally:
         directory = os.environ.get(config.ENV_STATUS_DIR)
         if directory:
@@ -265,42 +274,41 @@ def _on_wait_module_import(module: ModuleType) -> None:
     """FreeToken imported the module whose function enqueues the WAIT: record every WAIT from now on, or,
     where that function is not the one the shim expects, stand down whole (no graph could hold its
     WAIT before this import, so nothing the shim decided so far needed it)."""
-    from . import capture
-
-    compat = state.compat
-    if compat is None or not state.patches:
+    current = live()
+    compat = current.compat if current else None
+    if current is None or compat is None or not current.patches:
         return
     if not compat.wait_seam_fits(vars(module).get(compat.wait_function)):
-        _stand_down(f"freetoken {compat.version} lacks {compat.wait_seam()}: the shim cannot see which graphs hold "
-                    "a host-released WAIT; FreeToken left untouched")
+        _stand_down(current, f"freetoken {compat.version} lacks {compat.wait_seam()}: the shim cannot see which "
+                    "graphs hold a host-released WAIT; FreeToken left untouched")
         return
     try:
-        _wrap(module, compat.wait_function, capture.on_wait_enqueued)
+        _wrap(current, module, compat.wait_function, current.on_wait_enqueued)
     except Exception as exc:
-        _stand_down(f"patching failed: {exc!r}")
+        _stand_down(current, f"patching failed: {exc!r}")
 
 
-def _stand_down(reason: str) -> None:
+def _stand_down(current: Shim, reason: str) -> None:
     """Undo every wrap made (FreeToken as shipped, its own upload included), and say why."""
-    _unwrap_all()
-    state.guard = None
-    if state.compat is not None:
-        state.compat = state.compat._replace(patchable=False, reason=reason, unexpected=True, deferred=False)
+    _unwrap_all(current)
+    current.guard = None
+    if current.compat is not None:
+        current.compat = current.compat._replace(patchable=False, reason=reason, unexpected=True, deferred=False)
     logger.warning("not patched: %s", reason)
 
 
-def _wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
+def _wrap(current: Shim, owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
     """Wrap ``owner.name`` and remember what was there and what we put, so ``uninstall()`` can tell ours from a later
     patch."""
     original = vars(owner)[name]
     wrapt.wrap_function_wrapper(owner, name, wrapper)
-    state.patches.append((owner, name, original, vars(owner)[name]))
+    current.patches.append((owner, name, original, vars(owner)[name]))
 
 
-def _unwrap_all() -> None:
+def _unwrap_all(current: Shim) -> None:
     """Undo every wrap, last first."""
-    while state.patches:
-        restore(*state.patches.pop())
+    while current.patches:
+        restore(*current.patches.pop())
 
 
 def restore(owner: Any, name: str, original: Any, ours: Any) -> None:

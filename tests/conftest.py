@@ -29,12 +29,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def clean_shim():
     """No shim installed, no history; uninstalled again afterwards."""
     freetoken_graphfix.uninstall()
-    shim.state.passes.clear()
-    shim.state.compat = None
+    shim.latest, shim.refused = None, ""
     yield
     freetoken_graphfix.uninstall()
-    shim.state.passes.clear()
-    shim.state.compat = None
+    shim.latest, shim.refused = None, ""
     os.environ.pop("FT_GRAPH_UPLOAD", None)
 
 

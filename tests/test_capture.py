@@ -7,7 +7,6 @@ import logging
 import pytest
 
 import freetoken_graphfix
-from freetoken_graphfix import capture as shim_capture
 from freetoken_graphfix import shim
 
 from . import harness
@@ -217,7 +216,6 @@ def test_engram_waits_need_no_protection(install, fake):
 
     with fake.capture(graph):
         lookup(table)
-    shim_capture.on_upload_graph  # noqa: B018  (the wrapper under test)
     from freetoken.engine.graph import _upload_graph
 
     _upload_graph(graph, fake.current)
@@ -288,7 +286,7 @@ def test_a_release_without_the_deferred_details_gets_warm(install, fake, engine,
     its PLE graphs with a warm replay, and the reason names what is missing."""
     table, model = engine
     install("auto")
-    monkeypatch.setattr(shim.state, "compat", shim.state.compat._replace(
+    monkeypatch.setattr(shim.latest, "compat", shim.latest.compat._replace(
         deferred=False, deferred_reason="missing DiskRowTable.lookup waits"))
     runner = capture(fake, model)
     assert [(a, r) for _, a, r in graphs_of(freetoken_graphfix.status())] == [
@@ -364,10 +362,10 @@ def test_the_wait_hook_keeps_nothing_of_the_graph_under_capture(install, fake, e
     capture (its frame's locals, from deep in the model's forward) broke FreeToken's real engine on
     the H200 ('CUDA error: invalid argument' after the capture pass): nothing of it is kept."""
     seen = []
-    real_add = shim.state.recorder.add
-    monkeypatch.setattr(shim.state.recorder, "add", lambda wait, graph_id=None: (seen.append(graph_id),
-                                                                                    real_add(wait, graph_id)))
     install("auto")
+    real_add = shim.latest.recorder.add
+    monkeypatch.setattr(shim.latest.recorder, "add", lambda wait, graph_id=None: (seen.append(graph_id),
+                                                                                    real_add(wait, graph_id)))
     capture(fake, engine[1])
     assert seen == [None, None]
 

@@ -304,7 +304,7 @@ def test_uninstall_with_pending_first_launches_uploads_them(install, fake, engin
     st = freetoken_graphfix.status()
     assert st["deferred"]["at_uninstall"] == "uploaded 1 graph(s) still awaiting their first launch"
     assert runner.graph_map[1].uploaded and not runner.graph_map[2].uploaded
-    assert shim.state.passes[0].graphs[1].first_launch == "uploaded at uninstall() (FreeToken's protection)"
+    assert shim.latest.passes[0].graphs[1].first_launch == "uploaded at uninstall() (FreeToken's protection)"
     assert not marked(runner.graph_map[1]) and "host_fill_batch" not in vars(table)
     s = step(runner, engine, fake, 1, seed=2)  # FreeToken's own path now, on an uploaded graph
     assert not s.fired and s.ok and s.flag_after == 0

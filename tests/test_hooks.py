@@ -346,6 +346,32 @@ def test_install_switches_the_mode_of_an_installed_shim(install, fake, engine, c
     assert st["mode_changes"] == [change] and f"mode {change}" in caplog.text
 
 
+def test_each_install_keeps_its_own_record(install, fake, engine):
+    """The shim's state is the object install() makes: uninstall() leaves its record readable, a new
+    install starts a record of its own and wraps FreeToken with its own methods, and a switch through
+    off (an uninstall and install inside) carries the record on."""
+    from freetoken.engine import graph
+
+    from freetoken_graphfix import shim
+
+    from . import harness
+
+    _, model = engine
+    install("auto")
+    first = shim.latest
+    harness.make_runner(model, fake.default)
+    freetoken_graphfix.install("off")
+    freetoken_graphfix.install("warm")
+    harness.make_runner(model, fake.default)
+    assert [[g["action"] for g in p["graphs"]] for p in freetoken_graphfix.status()["passes"]] == [
+        ["deferred"] * 2, ["warm"] * 2]
+    assert vars(graph)["_upload_graph"]._self_wrapper.__self__ is shim.latest is not first
+    freetoken_graphfix.uninstall()
+    assert len(freetoken_graphfix.status()["passes"]) == 2 and not first.installed
+    install("skip")
+    assert freetoken_graphfix.status()["passes"] == [] and shim.latest.passes == []
+
+
 def test_install_bogus_on_an_installed_shim_changes_nothing(clean_shim):
     freetoken_graphfix.install("deferred")
     with pytest.raises(freetoken_graphfix.ConfigError, match=r"^mode='bogus' is not a valid mode; accepted values"):
@@ -375,13 +401,13 @@ def test_a_switch_keeps_the_device_and_timeout_unless_given(install, fake):
     install("auto", warm_timeout_s=0.25)
     freetoken_graphfix.install("off")
     freetoken_graphfix.install("warm")
-    assert shim.state.device is fake and shim.state.warm_timeout_s == 0.25
+    assert shim.latest.device is fake and shim.latest.warm_timeout_s == 0.25
     other = type(fake)()
     freetoken_graphfix.install("deferred", device=other, warm_timeout_s=0.5)
-    assert shim.state.device is other and shim.state.warm_timeout_s == 0.5
+    assert shim.latest.device is other and shim.latest.warm_timeout_s == 0.5
     freetoken_graphfix.install("off", device=fake)
     freetoken_graphfix.install("auto")
-    assert shim.state.device is fake and shim.state.warm_timeout_s == 0.5
+    assert shim.latest.device is fake and shim.latest.warm_timeout_s == 0.5
 
 
 def test_status_after_uninstall_tells_the_truth(clean_shim):
