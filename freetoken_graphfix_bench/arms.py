@@ -2,8 +2,9 @@
 arm in one registry, and each one's process environment.
 
 An arm is a build of FreeToken's decode path: FreeToken as shipped (``upstream``), without its upload
-(``pre-697``), with its own escape hatch (``gate``), under the shim in one mode, or with the patch
-series (``patched``). The rig's "modes" are the shim's modes alone (``SHIM_MODES``)."""
+(``no-upload``), with its own escape hatch (``gate``), under the shim in one mode, or with the patch
+series (``patched``). The rig's "modes" are the shim's modes alone (``SHIM_MODES``). Records written
+before the arms were named for what they run call ``no-upload`` ``pre-697`` (``record_files`` renames it)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from freetoken_graphfix import config, series
+from freetoken_graphfix.config import Mode
+from freetoken_graphfix.decide import Action
 
 
 @dataclass(frozen=True)
@@ -20,11 +23,11 @@ class Arm:
     about: str
     protected: bool  # its first launches never block behind the WAIT (upstream: on a FreeToken that uploads)
     uploaded_at_capture: bool  # FreeToken's cuGraphUpload runs on its decode graphs at capture
-    shim_mode: str | None = None  # FT_GRAPH_UPLOAD for a shim arm
-    wait_action: str | None = None  # the shim's action on a graph holding the WAIT, for a shim arm
+    shim_mode: Mode | None = None  # FT_GRAPH_UPLOAD for a shim arm
+    wait_action: Action | None = None  # the shim's action on a graph holding the WAIT, for a shim arm
     patched: bool = False  # FreeToken with patches/ applied (a patched copy first on PYTHONPATH)
     ple_sync: str = "wait"  # FREETOKEN_PLE_SYNC: every arm but gate runs wait-sync, so the WAIT is in its graphs
-    in_serve: bool = True  # bench serve runs it (pre-697 and gate need the engine child's seams)
+    in_serve: bool = True  # bench serve runs it (no-upload and gate need the engine child's seams)
 
     @property
     def never_uploaded(self) -> bool:
@@ -32,27 +35,37 @@ class Arm:
         return not self.protected and not self.uploaded_at_capture
 
 
+UPSTREAM, NO_UPLOAD, GATE, PATCHED = "upstream", "no-upload", "gate", "patched"
+
+
+def _shim_arm(mode: Mode, about: str, protected: bool, wait_action: Action) -> Arm:
+    """The arm that runs FreeToken under the shim in ``mode``: named for the mode."""
+    return Arm(mode.value, f"the shim, FT_GRAPH_UPLOAD={mode.value}{about}", protected,
+               mode is Mode.UPLOAD, mode, wait_action)
+
+
 ARMS: dict[str, Arm] = {a.name: a for a in (
-    Arm("upstream", "FreeToken as shipped (0.2.x uploads every graph at capture)", True, True),
-    Arm("pre-697", "FreeToken with its upload removed: the negative control", False, False, in_serve=False),
-    Arm("gate", "FREETOKEN_PLE_SYNC=gate: the fill before the launch, no WAIT in the graph", True, True,
+    Arm(UPSTREAM, "FreeToken as shipped (0.2.x uploads every graph at capture)", True, True),
+    Arm(NO_UPLOAD, "FreeToken with its upload removed: the negative control", False, False, in_serve=False),
+    Arm(GATE, "FREETOKEN_PLE_SYNC=gate: the fill before the launch, no WAIT in the graph", True, True,
         ple_sync="gate", in_serve=False),
-    Arm("auto", "the shim, FT_GRAPH_UPLOAD=auto", True, False, "auto", "deferred"),
-    Arm("upload", "the shim, FT_GRAPH_UPLOAD=upload (FreeToken's own upload)", True, True, "upload", "upload"),
-    Arm("warm", "the shim, FT_GRAPH_UPLOAD=warm", True, False, "warm", "warm"),
-    Arm("deferred", "the shim, FT_GRAPH_UPLOAD=deferred", True, False, "deferred", "deferred"),
-    Arm("skip", "the shim, FT_GRAPH_UPLOAD=skip: never uploaded, unprotected", False, False, "skip", "exposed"),
-    Arm("patched", "FreeToken 0.2.1 with patches/ applied", True, False, patched=True),
+    _shim_arm(Mode.AUTO, "", True, Action.DEFERRED),
+    _shim_arm(Mode.UPLOAD, " (FreeToken's own upload)", True, Action.UPLOAD),
+    _shim_arm(Mode.WARM, "", True, Action.WARM),
+    _shim_arm(Mode.DEFERRED, "", True, Action.DEFERRED),
+    _shim_arm(Mode.SKIP, ": never uploaded, unprotected", False, Action.EXPOSED),
+    Arm(PATCHED, "FreeToken 0.2.1 with patches/ applied", True, False, patched=True),
 )}
-GATE = "gate"
-SHIM_MODES = tuple(a.shim_mode for a in ARMS.values() if a.shim_mode)  # the rig's modes
+RENAMED = {"pre-697": NO_UPLOAD}  # an arm's name in records written before it was named for what it runs
+SHIM_MODES = tuple(a.shim_mode.value for a in ARMS.values() if a.shim_mode)  # the rig's modes
 SERVE_ARMS = tuple(name for name, a in ARMS.items() if a.in_serve)
-ENGINE_DEFAULT = ("upstream", "pre-697", "auto")
-ENGINE_DEFAULT_WAIT = (*ENGINE_DEFAULT, "deferred")  # with the WAIT, auto and deferred are the A/A pair
-SERVE_DEFAULT = ("upstream", "auto", "deferred", "warm", "upload", "skip")
+AUTO, DEFERRED, SKIP = Mode.AUTO.value, Mode.DEFERRED.value, Mode.SKIP.value
+ENGINE_DEFAULT = (UPSTREAM, NO_UPLOAD, AUTO)
+ENGINE_DEFAULT_WAIT = (*ENGINE_DEFAULT, DEFERRED)  # with the WAIT, auto and deferred are the A/A pair
+SERVE_DEFAULT = (UPSTREAM, AUTO, DEFERRED, Mode.WARM.value, Mode.UPLOAD.value, SKIP)
 AA_PAIRS = {  # two arms whose decode graphs are the same and never uploaded: without the WAIT, and with it
-    False: [("pre-697", other) for other in ("auto", "skip", "deferred", "warm", "patched")] + [("auto", "deferred")],
-    True: [("pre-697", "skip"), ("auto", "deferred")],
+    False: [(NO_UPLOAD, other) for other in (AUTO, SKIP, DEFERRED, Mode.WARM.value, PATCHED)] + [(AUTO, DEFERRED)],
+    True: [(NO_UPLOAD, SKIP), (AUTO, DEFERRED)],
 }
 
 
@@ -62,23 +75,23 @@ def never_uploaded() -> tuple[str, ...]:
 
 
 def default_engine_arms(expects_wait: bool) -> list[str]:
-    """``--arms`` left out: upstream, pre-697 and auto, and where the graphs hold the WAIT deferred too
+    """``--arms`` left out: upstream, no-upload and auto, and where the graphs hold the WAIT deferred too
     (auto and deferred then run the same never-uploaded graphs: the A/A control)."""
     return list(ENGINE_DEFAULT_WAIT if expects_wait else ENGINE_DEFAULT)
 
 
 def aa_pair(arms: list[str], wait_case: bool) -> tuple[str, str] | None:
     """The A/A control among ``arms``: two arms whose decode graphs are identical and never uploaded
-    (without a host-released WAIT every shim arm is a no-op, like pre-697; with one, pre-697 and skip
+    (without a host-released WAIT every shim arm is a no-op, like no-upload; with one, no-upload and skip
     leave it exposed alike, auto and deferred defer it alike)."""
     return next((pair for pair in AA_PAIRS[wait_case] if pair[0] in arms and pair[1] in arms), None)
 
 
-def expected_action(arm: str, wait_case: bool) -> str:
+def expected_action(arm: str, wait_case: bool) -> Action:
     """The action a shim arm's shim must take on every graph: its own on the WAIT's graphs (and
     ``upload`` everywhere), ``no-op`` on graphs without it."""
     a = ARMS[arm]
-    return a.wait_action if wait_case or a.shim_mode == "upload" else "no-op"  # type: ignore[return-value]
+    return a.wait_action if wait_case or a.shim_mode is Mode.UPLOAD else Action.NOOP  # type: ignore[return-value]
 
 
 def arm_env(arm: str, patched: str | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -90,7 +103,7 @@ def arm_env(arm: str, patched: str | None = None, base: dict[str, str] | None = 
     env = {k: v for k, v in (os.environ if base is None else base).items() if k != config.ENV_MODE}
     env["FREETOKEN_PLE_SYNC"] = a.ple_sync
     if a.shim_mode:
-        env[config.ENV_MODE] = a.shim_mode
+        env[config.ENV_MODE] = a.shim_mode.value
     elif a.patched:
         if patched is None:
             raise ValueError(f"arm {arm!r} needs the patched FreeToken (series.patched_copy)")

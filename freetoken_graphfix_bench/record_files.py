@@ -1,8 +1,9 @@
 """Records written (``--json``) and read back (``bench report``): this module alone reads a record, of any
 schema, and refuses what is none in one line naming the file and the field.
 
-``migrate`` turns a record of an earlier schema (no ``kind``: a bare rig or start-up object, a list of
-engine or serve cases, or a GPU test's ``{"kind", "record", "code"}`` wrapper) into the current shape;
+``migrate`` turns a record of an earlier schema (the first: no ``kind``, a bare rig or start-up object, a
+list of engine or serve cases, or a GPU test's ``{"kind", "record", "code"}`` wrapper; the second: an
+arm named ``pre-697``, a server's capture passes as actions and reasons) into the current shape;
 ``build`` then makes the typed record, field by field.
 """
 
@@ -19,6 +20,7 @@ from typing import Any, Union
 
 from freetoken_graphfix import safe_files
 
+from .arms import RENAMED
 from .records import KINDS, SCHEMA, Record
 
 ACCEPTED = "accepted values are a record a bench --json wrote (" + ", ".join(KINDS) + ")"
@@ -154,9 +156,16 @@ def _scalar(cls: Any, data: Any, where: str) -> Any:
 
 def migrate(data: Any) -> dict[str, Any]:
     """Data of any schema in the current one's shape: what each kind lacked filled in, renamed or
-    dropped here and nowhere else. Current data passes unchanged."""
-    if isinstance(data, dict) and "schema" in data:
-        return data
+    dropped here and nowhere else, one schema at a time. Current data passes unchanged."""
+    if not (isinstance(data, dict) and "schema" in data):
+        data = {**_v1(data), "schema": 2}
+    if data.get("schema") == 2:
+        data = _v2(data)
+    return data
+
+
+def _v1(data: Any) -> dict[str, Any]:
+    """A first-schema record (no kind, no schema) in the second schema's shape."""
     if isinstance(data, dict) and set(data) >= {"kind", "record"} and "code" in data:  # a GPU test's wrapper
         kind, data = data["kind"], data["record"]
         if kind in ("engine", "serve") and isinstance(data, dict):  # it held one case
@@ -256,6 +265,64 @@ def _pass_v1(pid: int, line: str) -> dict[str, Any]:
         actions += [action] * int(n)
         reasons += [reason] * int(n)
     return {"pid": pid, "index": int(m.group(1)), "actions": actions, "reasons": reasons}
+
+
+# ---------------------------------------------------------------- records of the second schema
+
+def _v2(data: dict[str, Any]) -> dict[str, Any]:
+    """The second schema named the never-uploaded arm by FreeToken's tracker (``pre-697``), kept an engine
+    process's status without its pid, and a server's capture passes as actions and reasons."""
+    out = {**data, "schema": 3}
+    if data.get("kind") == "engine" and isinstance(data.get("cases"), list):
+        out["cases"] = [_engine_case_v2(c) for c in data["cases"]]
+    elif data.get("kind") == "serve" and isinstance(data.get("cases"), list):
+        out["cases"] = [{**c, "runs": {arm: _serve_run_v2(r) for arm, r in c["runs"].items()}}
+                        if isinstance(c, dict) and isinstance(c.get("runs"), dict) else c for c in data["cases"]]
+    return out
+
+
+def _engine_case_v2(case: Any) -> Any:
+    """Arms renamed, in the keys and in each process; each status given the pid it was not kept with (0)."""
+    if not isinstance(case, dict):
+        return case
+    out = dict(case)
+    for key in ("runs", "traced"):
+        if isinstance(case.get(key), dict):
+            out[key] = {RENAMED.get(arm, arm): runs for arm, runs in case[key].items()}
+    if isinstance(out.get("runs"), dict):
+        out["runs"] = {arm: [_engine_process_v2(r) for r in runs] if isinstance(runs, list) else runs
+                       for arm, runs in out["runs"].items()}
+    return out
+
+
+def _engine_process_v2(run: Any) -> Any:
+    """One engine process: its arm renamed, its status given pid 0 (the second schema did not keep it)."""
+    if not isinstance(run, dict):
+        return run
+    out = {**run, "arm": RENAMED.get(run.get("arm"), run.get("arm"))}
+    if isinstance(run.get("shim"), dict):
+        out["shim"] = {"pid": 0, **run["shim"]}
+    return out
+
+
+def _serve_run_v2(run: Any) -> Any:
+    """A server's capture passes (pid, index, actions, reasons) as one status per process: what they kept,
+    and nothing they did not (each graph named by its place, no WAITs, no hook time; the status itself
+    read as patched, since only a patched shim records a pass)."""
+    if not isinstance(run, dict) or not isinstance(run.get("passes"), list):
+        return run
+    shims: dict[Any, dict[str, Any]] = {}
+    for p in run["passes"]:
+        status = shims.setdefault(p["pid"], {
+            "installed": True, "mode": run.get("arm"), "patched": True,
+            "reason": "read from a record of the second schema: capture passes only", "passes": [], "pid": p["pid"]})
+        graphs = [{"index": i, "name": f"graph #{i}", "waits": [], "action": action, "reason": reason,
+                   "hook_ms": None} for i, (action, reason) in enumerate(zip(p["actions"], p["reasons"], strict=True))]
+        status["passes"].append({"index": p["index"], "source": "GraphRunner._capture_graphs", "graphs": graphs,
+                                 "done": True})
+    out = {k: v for k, v in run.items() if k != "passes"}
+    out["shims"] = list(shims.values())
+    return out
 
 
 # What reading figures out of a record that is JSON, of a known kind, but damaged can raise: a field emptied,

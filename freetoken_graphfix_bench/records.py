@@ -2,8 +2,9 @@
 kind, each written with its kind and the schema version (``record_files`` writes and reads them).
 
 A record holds what was measured, never a verdict: every figure and verdict is derived from it again
-by the current rules (``reports``). Where the data is another program's own (a profiler's, the shim's
-status in a child process, a server's answer) it stays free-form, and says so.
+by the current rules (``reports``). The shim's status in a child process is the shim's own typed
+``Status``; where the data is another program's (a profiler's, a server's answer) it stays free-form,
+and says so.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, ClassVar, Union
 
+from freetoken_graphfix.status_record import CapturePass, Status
+
 from .settings import DeadlockSettings, RigSettings
 from .stats import Summary
 
@@ -25,7 +28,8 @@ def largest_first(sizes: Iterable[str]) -> list[str]:
     return sorted(set(sizes), key=lambda bs: -int(bs))
 
 
-SCHEMA = 2  # 1: the records written before kinds and schemas (``record_files.migrate`` reads them)
+SCHEMA = 3  # 1: before kinds and schemas; 2: serve's capture passes as actions and reasons, an arm named
+# pre-697 (``record_files.migrate`` reads both)
 
 
 # ---------------------------------------------------------------- shared parts
@@ -200,7 +204,7 @@ class EngineProcess:
     distinct_tokens: int = 0
     token_hash: str = ""
     token_ids: list[list[int]] = field(default_factory=list)
-    shim: dict[str, Any] | None = None  # the shim's status() in that process (free-form: its own record)
+    shim: Status | None = None  # the shim's status() in that process
     copies_error: str | None = None
     launch_bs: list[int] = field(default_factory=list)  # a traced process: each graph launch's bs
     replay_gpu_ms: dict[str, list[float]] = field(default_factory=dict)  # from idle, the engine's own graph
@@ -214,7 +218,7 @@ class EngineProcess:
 
     def shim_actions(self) -> list[str]:
         """Every graph's action in this process, over its capture passes (empty without the shim)."""
-        return [g["action"] for p in (self.shim or {}).get("passes", []) for g in p["graphs"]]
+        return self.shim.actions() if self.shim is not None else []
 
 
 @dataclass
@@ -283,19 +287,9 @@ class Request:
 
 
 @dataclass
-class ShimPass:
-    """One capture pass a server process's shim completed, as its status (``FT_GRAPHFIX_STATUS_DIR``)
-    said: the graphs' actions and reasons, in capture order."""
-
-    pid: int
-    index: int
-    actions: list[str]
-    reasons: list[str]
-
-
-@dataclass
 class ServeRun:
-    """One arm's server: its requests, the rebuild, the stop, and its shim's capture passes."""
+    """One arm's server: its requests, the rebuild, the stop, and the shim's status in each of its processes
+    that captured graphs (``FT_GRAPHFIX_STATUS_DIR``)."""
 
     arm: str
     log: str = ""
@@ -309,7 +303,11 @@ class ServeRun:
     exit_code: int | None = None
     stragglers: list[int] = field(default_factory=list)
     outlived: list[int] = field(default_factory=list)
-    passes: list[ShimPass] = field(default_factory=list)
+    shims: list[Status] = field(default_factory=list)
+
+    def passes(self) -> list[tuple[int, CapturePass]]:
+        """Every capture pass of the server's processes, with its process's pid, by pid then pass."""
+        return [(status.pid, p) for status in self.shims for p in status.passes]
 
 
 @dataclass

@@ -28,9 +28,16 @@ def result(**over) -> dict:
     return r
 
 
-def shim(mode: str, action: str) -> dict:
-    return {"installed": True, "mode": mode, "patched": True, "reason": "ok",
-            "passes": [{"graphs": [{"action": action}, {"action": action}]}]}
+def shim(mode: str, action: str, graphs: int = 2) -> dict:
+    """The shim's status in an engine process, as ``status()`` gives it: one capture pass of ``graphs``
+    graphs, each given ``action``."""
+    from dataclasses import asdict
+
+    from freetoken_graphfix.status_record import CapturePass, GraphRecord, Status
+
+    decided = [GraphRecord(i, f"bs={graphs - i}", [], action, "test", 0.1) for i in range(graphs)]
+    return asdict(Status(True, mode, True, "ok", passes=[CapturePass(0, "GraphRunner._capture_graphs", decided, True)],
+                         pid=100))
 
 
 NOOP = shim("auto", "no-op")

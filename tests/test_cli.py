@@ -58,7 +58,7 @@ def test_a_commands_error_is_one_line_naming_the_command(args, own):
     (["patch"], ["check", "apply", "revert", "--repo", "--site"]),
     (["doctor"], ["--no-bench"]),
     (["bench"], ["rig", "deadlock", "engine", "serve", "startup", "report", "nsys", "write-model"]),
-    (["bench", "engine"], ["upstream, pre-697, gate, auto, upload, warm, deferred, skip, patched"]),
+    (["bench", "engine"], ["upstream, no-upload, gate, auto, upload, warm, deferred, skip, patched"]),
     (["bench", "write-model"], ["qwen4_exp, llama, qwen3,"]),
 ])
 def test_every_help_is_plain_text_with_its_values(args, values):

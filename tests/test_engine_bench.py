@@ -96,7 +96,7 @@ def test_too_few_layers_is_refused(tmp_path):
 def test_only_shim_arms_get_the_variable(monkeypatch):
     monkeypatch.setenv(config.ENV_MODE, "auto")  # what import exported in the bench's own process
     assert config.ENV_MODE not in arms.arm_env("upstream")
-    assert config.ENV_MODE not in arms.arm_env("pre-697")
+    assert config.ENV_MODE not in arms.arm_env("no-upload")
     assert arms.arm_env("warm")[config.ENV_MODE] == "warm"
 
 
@@ -154,11 +154,11 @@ def record(expects_wait=True, traced=None, **arms):
 
 
 def test_verdicts():
-    clean = record(upstream=result(), **{"pre-697": result(fires=[{"step": 2}], token_hash="bbbb")},
+    clean = record(upstream=result(), **{"no-upload": result(fires=[{"step": 2}], token_hash="bbbb")},
                    auto=result(shim=shim("auto", "deferred")))
     assert clean.failures() == []
     text = clean.text()
-    assert "pre-697 BLOCKED (watchdog fired)" in text and "safety: every protected arm" in text
+    assert "no-upload BLOCKED (watchdog fired)" in text and "safety: every protected arm" in text
     blocked = record(upstream=result(), auto=result(shim=shim("auto", "deferred"), fires=[{"step": 2}]))
     assert blocked.failures() == ["auto: the watchdog released 1 blocked launch(es)"]
     drifted = record(upstream=result(), warm=result(shim=shim("warm", "warm"), token_hash="cccc"))
@@ -166,8 +166,8 @@ def test_verdicts():
     assert "FAILED" in drifted.text()
     series = dict(freetoken_patched=True, upload_ms=[])
     patched = record(upstream=result(), patched=result(**series),
-                     **{"pre-697": result(fires=[{"step": 2}], token_hash="bbbb")})
-    assert patched.failures() == []  # pre-697 is the negative control: it may block
+                     **{"no-upload": result(fires=[{"step": 2}], token_hash="bbbb")})
+    assert patched.failures() == []  # no-upload is the negative control: it may block
     assert "patched arm: patches/ applied" in patched.text()
     blocked = record(upstream=result(), patched=result(fires=[{"step": 2}], **series))
     assert blocked.failures() == ["patched: the watchdog released 1 blocked launch(es)"]
@@ -275,7 +275,7 @@ def test_an_engine_that_failed_shows_its_exception_not_freetokens_log(tmp_path, 
     assert res.error.startswith("engine process exited 1: ") and res.error.endswith(
         "RuntimeError: instantiate() needs keep_graph"), res.error
     assert "INFO Start capturing" in (tmp_path / "x.log").read_text()  # FreeToken's log is kept, after it
-    failed = record(upstream={"error": res.error}, **{"pre-697": {"error": res.error}})
+    failed = record(upstream={"error": res.error}, **{"no-upload": {"error": res.error}})
     assert not [f for f in failed.failures() if "gate" in f]  # no run, so nothing says 0.1.3
 
 

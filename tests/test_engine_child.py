@@ -85,7 +85,7 @@ def step(fake, built, bs: int, seed: int) -> bool:
 
 
 def test_a_launch_the_watchdog_released_is_recorded_and_its_surplus_release_dropped(fake, child_engine):
-    """pre-697's upload seam leaves the graphs never uploaded, so the first launch blocks behind its
+    """no-upload's upload seam leaves the graphs never uploaded, so the first launch blocks behind its
     WAIT until the watchdog releases it; FreeToken's fill then releases once more. The loop records
     the fire and puts the flag back at 0: left at 1, the next step's WAIT would pass before its own
     fill and read stale rows."""

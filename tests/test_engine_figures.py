@@ -118,16 +118,16 @@ def test_each_launch_is_taken_against_the_launches_around_it_and_a_record_withou
     assert cycles == 2 and set(means) == {"a", "b", "c"}
     assert means == pytest.approx({"a": -third, "b": math.log(2) - third, "c": math.log(4) - third})
     assert loop.process_effect(process(), "step_gpu_ms", "2") is None  # an earlier release's record
-    assert sections.in_loop_lines(rec(upstream=result(), **{"pre-697": result()}).figures)[0].endswith(
+    assert sections.in_loop_lines(rec(upstream=result(), **{"no-upload": result()}).figures)[0].endswith(
         "not measured (--copies 0, or a record from before the decode loop launched copies)")
 
 
 def host_level_run():
-    """The run of the new user's probe: every never-uploaded (pre-697) process at the slow host level,
-    every auto process fast, upstream one of each; the same never-uploaded graphs in pre-697 and auto."""
+    """The run of the new user's probe: every never-uploaded (no-upload) process at the slow host level,
+    every auto process fast, upstream one of each; the same never-uploaded graphs in no-upload and auto."""
     slow, fast = dict(step=1.22, host=0.40), dict(step=1.02, host=0.22)
     return rec(upstream=[looped(1, **fast, idle=0.93), looped(2, **slow, idle=0.93)],
-               **{"pre-697": [looped(3, **slow), looped(4, **slow)]},
+               **{"no-upload": [looped(3, **slow), looped(4, **slow)]},
                auto=[looped(5, **fast, shim=NOOP), looped(6, **fast, shim=NOOP)])
 
 
@@ -136,10 +136,10 @@ def test_processes_are_grouped_by_their_host_level_per_phase():
     s = record.figures
     assert len(s.host_levels["2"]) == 2  # two levels at bs 2
     levels = {arm: [row.level["2"] for row in a.processes] for arm, a in s.arms.items()}
-    assert levels == {"upstream": [0, 1], "pre-697": [1, 1], "auto": [0, 0]}
-    assert s.aa_pair == ("pre-697", "auto")
+    assert levels == {"upstream": [0, 1], "no-upload": [1, 1], "auto": [0, 0]}
+    assert s.aa_pair == ("no-upload", "auto")
     assert math.isnan(s.aa["step"]["2"].ratio)  # the A/A pair shares no level: no figure
-    up = s.arms["upstream"].cross["step"]["2"]  # upstream vs pre-697 at the slow level only
+    up = s.arms["upstream"].cross["step"]["2"]  # upstream vs no-upload at the slow level only
     assert up.ratio == pytest.approx(1.0, abs=0.01) and up.dof == 1
     text = (record).text()
     assert "host levels (median host ms per decode step of each process and phase" in text and "several" in text
@@ -147,12 +147,12 @@ def test_processes_are_grouped_by_their_host_level_per_phase():
 
 
 def test_the_new_users_ab_run_yields_no_verdict_its_own_aa_pair_contradicts():
-    """Where pre-697 and auto, the same never-uploaded graphs, came out 16% apart across processes,
+    """Where no-upload and auto, the same never-uploaded graphs, came out 16% apart across processes,
     the report prints no FASTER and no COSTS for any cross-process figure; the headline is the upload in
     the decode loop, inside each process."""
     text = (host_level_run()).text()
     assert "FASTER" not in text and "COSTS" not in text, text
-    assert "not judged: no A/A control in this run (pre-697 and auto share no host level here" in text
+    assert "not judged: no A/A control in this run (no-upload and auto share no host level here" in text
     head = text.index("the upload in the decode loop, same graph, same process")
     assert head < text.index("kernel timeline") < text.index("A/A control") < text.index("diagnostics")
     assert "GPU time per decode step: bs 2 " in text[head:] and NO_COST_LINE in text[head:]
@@ -166,11 +166,12 @@ def test_a_cross_process_figure_is_never_judged_finer_than_the_aa_control():
     upstream 1.5% off is within that noise, 8% off is a finding."""
     def arms_with(upstream_factor):
         return rec(upstream=[looped(i, step=1.0 * upstream_factor * f) for i, f in enumerate((1.0, 1.004, 0.998))],
-                   **{"pre-697": [looped(i, step=f) for i, f in enumerate((1.0, 1.004, 0.998))]},
+                   **{"no-upload": [looped(i, step=f) for i, f in enumerate((1.0, 1.004, 0.998))]},
                    auto=[looped(i, step=1.02 * f, shim=NOOP) for i, f in enumerate((1.0, 1.004, 0.998))])
 
     near = (arms_with(1.015)).text()
-    assert "upstream vs never uploaded (pre-697), across processes within host levels, GPU time per decode step" in near
+    assert ("upstream vs never uploaded (no-upload), across processes within host levels, GPU time per decode step"
+            in near)
     assert "within the A/A control's noise (±" in near and "COSTS" not in near
     far = (arms_with(1.08)).text()
     assert "GPU time per decode step: bs 2 +8.00%" in far and "COSTS this GPU" in far
@@ -179,7 +180,7 @@ def test_a_cross_process_figure_is_never_judged_finer_than_the_aa_control():
 def test_an_idle_replay_figure_never_claims_what_the_decode_loop_does_not_show():
     """Upstream's graph replayed from idle is 7.5% faster (its whole process is), while in the decode
     loop it is not: the diagnostic says so instead of FASTER."""
-    record = rec(upstream=[looped(i, idle=0.925) for i in range(3)], **{"pre-697": [looped(i) for i in range(3)]},
+    record = rec(upstream=[looped(i, idle=0.925) for i in range(3)], **{"no-upload": [looped(i) for i in range(3)]},
                  auto=[looped(i, step=1.0002, shim=NOOP) for i in range(3)])
     text = (record).text()
     line = next(ln for ln in text.splitlines() if "the graph replayed back to back, across processes" in ln)
@@ -221,7 +222,7 @@ def test_the_kernel_timeline_comes_from_every_traced_process_with_its_spread():
 def current_release_record() -> list[dict]:
     """A record as an earlier release's ``--json`` wrote it (the first schema: a list of cases, no copies in
     the decode loop, one traced timeline per arm in its old shape, its own summary), with the figures of
-    the new user's probe: pre-697's two processes at the slow host level, the others fast; its report
+    the new user's probe: no-upload's two processes at the slow host level, the others fast; its report
     called auto 16.6% FASTER."""
     def old(step, host, idle=1.0, **over):
         r = looped(7, step=step, host=host, idle=idle, **over)
@@ -229,7 +230,7 @@ def current_release_record() -> list[dict]:
             r.pop(key, None)
         return r
 
-    runs = {"upstream": [old(1.02, 0.22, 0.93), old(1.02, 0.24, 0.93)], "pre-697": [old(1.22, 0.40), old(1.22, 0.41)],
+    runs = {"upstream": [old(1.02, 0.22, 0.93), old(1.02, 0.24, 0.93)], "no-upload": [old(1.22, 0.40), old(1.22, 0.41)],
             "auto": [old(1.02, 0.23, shim=NOOP), old(1.02, 0.22, shim=NOOP)]}
     timeline = {"note": "n", "2": {**{k: v for k, v in TIMELINE.items() if k != "gap_quantiles"},
                                    "gap_us": {"s1": {"median": 0.448, "n": 7800}}}}
@@ -249,15 +250,15 @@ def test_bench_report_judges_a_saved_record_again_by_the_current_rules(tmp_path,
     out = capsys.readouterr().out
     assert "FASTER" not in out and "COSTS" not in out, out
     assert "the upload in the decode loop, same graph, same process: not measured" in out
-    assert re.search(r"pre-697 round 0: bs 2 host 0\.(39|40)\d / GPU 1\.2", out)  # host levels, from raw steps
+    assert re.search(r"no-upload round 0: bs 2 host 0\.(39|40)\d / GPU 1\.2", out)  # host levels, from raw steps
     assert "### freetoken-graphfix bench engine: llama" in md.read_text() and "FASTER" not in md.read_text()
     saved = json.loads(again.read_text())  # the current schema, strict JSON: a figure not computed is null
-    assert (saved["kind"], saved["schema"]) == ("engine", 2) and "summary" not in saved["cases"][0]
-    assert saved["cases"][0]["runs"]["pre-697"][0]["max_launch_ms"] is None
+    assert (saved["kind"], saved["schema"]) == ("engine", 3) and "summary" not in saved["cases"][0]
+    assert saved["cases"][0]["runs"]["no-upload"][0]["max_launch_ms"] is None
     assert cli.main(["report", str(again)]) == 0 and capsys.readouterr().out == out  # read back: the same report
-    assert "pre-697 round 0" not in md.read_text()  # the detail: --verbose
+    assert "no-upload round 0" not in md.read_text()  # the detail: --verbose
     assert cli.main(["report", str(path), "--markdown", str(md), "--verbose"]) == 0
-    assert "- pre-697 round 0: bs 2 host 0." in md.read_text()
+    assert "- no-upload round 0: bs 2 host 0." in md.read_text()
 
 
 def test_verbose_is_refused_first_for_a_record_with_no_detail(tmp_path, capsys):
@@ -302,8 +303,8 @@ def test_bench_report_says_a_missing_record_does_not_exist(tmp_path, capsys):
 
 def test_plot_draws_the_gap_distributions_and_the_steps(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the test extra installs matplotlib")
-    record = rec(traced={"upstream": [{"by_bs": {"2": TIMELINE}}], "pre-697": [{"by_bs": {"2": TIMELINE}}]},
-                 upstream=[looped(1), looped(2, step=1.22, host=0.4)], **{"pre-697": [looped(3), looped(4)]})
+    record = rec(traced={"upstream": [{"by_bs": {"2": TIMELINE}}], "no-upload": [{"by_bs": {"2": TIMELINE}}]},
+                 upstream=[looped(1), looped(2, step=1.22, host=0.4)], **{"no-upload": [looped(3), looped(4)]})
     from freetoken_graphfix_bench.engine.plot import plot
 
     png = tmp_path / "p.png"
@@ -316,11 +317,11 @@ def test_plot_draws_the_gap_distributions_and_the_steps(tmp_path, capsys):
 
 
 def test_default_arms_hold_an_aa_pair_in_either_case():
-    assert arms.default_engine_arms(False) == ["upstream", "pre-697", "auto"]
-    assert arms.default_engine_arms(True) == ["upstream", "pre-697", "auto", "deferred"]
+    assert arms.default_engine_arms(False) == ["upstream", "no-upload", "auto"]
+    assert arms.default_engine_arms(True) == ["upstream", "no-upload", "auto", "deferred"]
     assert arms.aa_pair(arms.default_engine_arms(True), True) == ("auto", "deferred")
-    assert arms.aa_pair(arms.default_engine_arms(False), False) == ("pre-697", "auto")
-    assert arms.aa_pair(["upstream", "pre-697", "auto"], True) is None  # auto defers, pre-697 exposes
+    assert arms.aa_pair(arms.default_engine_arms(False), False) == ("no-upload", "auto")
+    assert arms.aa_pair(["upstream", "no-upload", "auto"], True) is None  # auto defers, no-upload exposes
 
 
 def test_an_in_process_interval_covers_every_processs_own_figure():
@@ -335,16 +336,16 @@ def test_an_in_process_interval_covers_every_processs_own_figure():
 def test_arms_are_compared_across_processes_by_their_own_graphs_steps():
     """The copies' steps are the same in every arm; only the steps that launched the arm's own graph
     say how its graph decodes against the never-uploaded arm's."""
-    record = rec(upstream=[looped(i, own=1.03) for i in range(3)], **{"pre-697": [looped(i + 3) for i in range(3)]})
+    record = rec(upstream=[looped(i, own=1.03) for i in range(3)], **{"no-upload": [looped(i + 3) for i in range(3)]})
     assert record.figures.arms["upstream"].cross["step"]["2"].ratio == pytest.approx(1.03, abs=0.003)
 
 
 def test_the_aa_pair_is_the_floor_not_a_finding():
-    runs = {"upstream": [looped(i) for i in range(2)], "pre-697": [looped(i) for i in range(2)],
+    runs = {"upstream": [looped(i) for i in range(2)], "no-upload": [looped(i) for i in range(2)],
             "auto": [looped(i + 2, shim=NOOP) for i in range(2)]}
     text = (rec(**runs)).text()
-    assert "A/A control (auto over pre-697" in text and "auto vs never uploaded (pre-697)" not in text
-    assert "upstream vs never uploaded (pre-697), across processes" in text
+    assert "A/A control (auto over no-upload" in text and "auto vs never uploaded (no-upload)" not in text
+    assert "upstream vs never uploaded (no-upload), across processes" in text
 
 
 def test_a_verdict_is_judged_on_the_95_percent_interval_and_the_half_percent_band():
@@ -364,7 +365,7 @@ def test_a_host_bound_decode_step_is_named():
     def slow_graph(r):
         return dict(r, graph_gpu_ms={bs: [0.7 * t for t in v] for bs, v in r["step_gpu_ms"].items()})
 
-    record = rec(upstream=[slow_graph(looped(1))], **{"pre-697": [looped(2)]})
+    record = rec(upstream=[slow_graph(looped(1))], **{"no-upload": [looped(2)]})
     assert sections.host_bound(record.figures) == [
         f"upstream bs {bs}: the graph step takes 70% of the decode step's GPU time (host-bound: the step's GPU time "
         "and tok/s follow the host)" for bs in ("2", "1")]
@@ -442,14 +443,14 @@ def test_the_engines_own_graph_is_judged_against_a_never_uploaded_arms_own_graph
     never-uploaded arm's own graph is then the control: it yields no verdict, and an uploaded arm's
     speed-up the control shows too is not the upload's. Without it in the control, the speed-up stands."""
     path = rec(upstream=[looped(i, own=0.985) for i in range(3)],
-               **{"pre-697": [looped(i, own=0.986) for i in range(3)]})
+               **{"no-upload": [looped(i, own=0.986) for i in range(3)]})
     text = (path).text()
-    assert "as pre-697's own graph, never uploaded" in own_line(text, "upstream")
-    assert "not the upload" in own_line(text, "pre-697")
+    assert "as no-upload's own graph, never uploaded" in own_line(text, "upstream")
+    assert "not the upload" in own_line(text, "no-upload")
     assert "FASTER" not in text.split("kernel timeline")[0]
-    real = rec(upstream=[looped(i, own=0.985) for i in range(3)], **{"pre-697": [looped(i) for i in range(3)]}).text()
+    real = rec(upstream=[looped(i, own=0.985) for i in range(3)], **{"no-upload": [looped(i) for i in range(3)]}).text()
     assert own_line(real, "upstream").endswith(verdicts.FASTER)
-    assert own_line(real, "pre-697").endswith(verdicts.NO_COST)
+    assert own_line(real, "no-upload").endswith(verdicts.NO_COST)
 
 
 def test_the_copies_release_the_ple_flag_only_where_the_graphs_wait_on_it(tmp_path):
@@ -488,7 +489,7 @@ def test_the_decode_loop_launches_every_copy_made_for_each_size():
 def test_the_markdown_opens_with_775s_table_per_build():
     """#775's figures, ready to paste: GPU ms a decode step and the median gap per stream, per build and
     bs, right under the headline and the environment, above every detail."""
-    record = rec(upstream=[looped(i) for i in range(2)], **{"pre-697": [looped(i + 2) for i in range(2)]})
+    record = rec(upstream=[looped(i) for i in range(2)], **{"no-upload": [looped(i + 2) for i in range(2)]})
     gaps = {f"s{i}": (0.51, 0.5, 0.52) for i in range(1, 7)}
     one = (1.0, 1.0, 1.0)
     record.figures.arms["upstream"].timeline = figures.Timeline(
@@ -499,7 +500,7 @@ def test_the_markdown_opens_with_775s_table_per_build():
         "**the upload in the decode loop, same graph")
     step = record.figures.arms["upstream"].step_gpu_ms["2"].median
     assert f"| upstream | 2 | {step:.3f} | s1 0.51, s2 0.51, s3 0.51, s4 0.51 (+2 more) |" in text
-    assert "| pre-697 | 1 |" in text and text.count("not traced |") == 3
+    assert "| no-upload | 1 |" in text and text.count("not traced |") == 3
     assert text.rstrip().endswith('docs/measuring.md, "Checking #775 where it was reported"._')
 
 

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]  # a module fixture ru
 # 48 layers: the cost check (the never-uploaded arms never block at this size). 320 layers, #775's
 # configuration (NVFP4 experts, MoE offload): every arm, where the never-uploaded ones block. Gate (no
 # WAIT at all) is bench engine's, not needed here.
-SMALL_ARMS = ["upstream", "pre-697", "skip", "auto"]
+SMALL_ARMS = ["upstream", "no-upload", "skip", "auto"]
 LARGE_ARMS = [a for a in arms.ARMS if a != arms.GATE]
 
 
@@ -74,7 +74,7 @@ def hybrid_locked(tmp_path_factory):
     fetch; both kinds of self-released WAIT sit beside the deferred first launch."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FREETOKEN_PIN_BUDGET_GB", "1")
-        return engine_record("engine-hybrid-locked", 320, ["upstream", "pre-697", "auto", "patched"],
+        return engine_record("engine-hybrid-locked", 320, ["upstream", "no-upload", "auto", "patched"],
                              tmp_path_factory, ("--moe-strategy", "hybrid", "--moe-cpu-layers", "0.25"), "nvfp4",
                              copies=0, warmup=False)
 

@@ -138,7 +138,7 @@ def test_the_decode_loops_interval_holds_the_known_cost_as_often_as_it_says():
 @pytest.mark.parametrize("apart", APART)
 @pytest.mark.parametrize("cost", LOOP_COSTS)
 def test_across_processes_a_known_cost_is_named_and_none_invented(cost, apart):
-    """Four rounds: upstream's own graph ``1 + cost`` slower than pre-697's, the A/A pair (pre-697, auto)
+    """Four rounds: upstream's own graph ``1 + cost`` slower than no-upload's, the A/A pair (no-upload, auto)
     identical, every process's speed a known spread apart: upstream's decode-step verdict names the
     cost's direction in 19 of 20 seeds or more, and never a cost or a speed-up at 0."""
     import random
@@ -158,7 +158,7 @@ def test_across_processes_a_known_cost_is_named_and_none_invented(cost, apart):
             return [looped(first + i, step=1.02 * factor * (1 + rng.gauss(0, apart / 3.3)), copies=0)
                     for i in range(4)]
 
-        record = rec(upstream=processes(1 + cost, 0), **{"pre-697": processes(1.0, 10), "auto": processes(1.0, 20)})
+        record = rec(upstream=processes(1 + cost, 0), **{"no-upload": processes(1.0, 10), "auto": processes(1.0, 20)})
         lines, _ = sections.cross_verdicts(record.figures)
         named.append(next(ln for ln in lines if ln.startswith("upstream") and "decode step" in ln).rsplit(": ", 1)[1])
     if want is None:

@@ -13,7 +13,7 @@ from freetoken_graphfix_bench.engine import process_checks
 from freetoken_graphfix_bench.engine.report import DETAIL
 
 from .engine_records import judged as judged_case
-from .engine_records import process
+from .engine_records import process, shim
 
 FAMILIES = (model.SYNTHETIC, *model.FAMILIES)
 
@@ -207,11 +207,6 @@ def no_wait_result(**over):
     return r
 
 
-def shim(mode, action, graphs=3):
-    return {"installed": True, "mode": mode, "patched": True, "reason": "ok",
-            "passes": [{"graphs": [{"action": action}] * graphs}]}
-
-
 def judged(traced=None, **arms):
     return judged_case(False, traced, "llama", **arms)
 
@@ -219,18 +214,18 @@ def judged(traced=None, **arms):
 def test_without_a_wait_every_shim_arm_is_a_no_op_and_every_arm_must_match():
     """No graph holds a host-released WAIT: no-op is the success, nothing is a negative control,
     and a never-uploaded arm that changed the tokens is a failure like any other."""
-    good = judged(upstream=[no_wait_result()] * 2, **{"pre-697": [no_wait_result(upload_ms=[])] * 2},
-                  auto=[no_wait_result(shim=shim("auto", "no-op"))] * 2,
-                  upload=[no_wait_result(shim=shim("upload", "upload"))] * 2)
+    good = judged(upstream=[no_wait_result()] * 2, **{"no-upload": [no_wait_result(upload_ms=[])] * 2},
+                  auto=[no_wait_result(shim=shim("auto", "no-op", 3))] * 2,
+                  upload=[no_wait_result(shim=shim("upload", "upload", 3))] * 2)
     assert not good.figures.wait_case and good.failures() == []
-    assert all(s.protected for s in good.figures.arms.values()) and good.figures.base == "pre-697"
+    assert all(s.protected for s in good.figures.arms.values()) and good.figures.base == "no-upload"
     text = good.text()
     assert "no decode graph holds a WAIT the host releases after the launch" in text
     assert "negative control" not in text
-    bad = judged(upstream=[no_wait_result()] * 2, **{"pre-697": [no_wait_result(token_hash="bbbb")] * 2},
-                 auto=[no_wait_result(shim=shim("auto", "deferred"))] * 2)
+    bad = judged(upstream=[no_wait_result()] * 2, **{"no-upload": [no_wait_result(token_hash="bbbb")] * 2},
+                 auto=[no_wait_result(shim=shim("auto", "deferred", 3))] * 2)
     wrong = "auto: expected action no-op for every graph, got ['deferred', 'deferred', 'deferred']"
-    assert sorted(bad.failures()) == [wrong, wrong, "pre-697: tokens ['bbbb'] differ from upstream's"]
+    assert sorted(bad.failures()) == [wrong, wrong, "no-upload: tokens ['bbbb'] differ from upstream's"]
     never = judged(upstream=[no_wait_result(steps={"prefill": 3, "decode": 200, "graph": 0})] * 2)
     assert "decode never ran on a CUDA graph" in never.failures()[0]
 
@@ -247,12 +242,12 @@ def test_the_markdown_report_has_775s_shape():
     timeline = {"note": "n", "by_bs": {"2": {"launches": 23, "graph_kernels": 1090, "step_kernels": 1102,
                                               "busy_us": 812.5, "streams": 4, "gap_us": gaps}}}
     rec = judged(traced={"upstream": [timeline]}, upstream=[no_wait_result()] * 2,
-                 **{"pre-697": [no_wait_result(upload_ms=[])] * 2})
+                 **{"no-upload": [no_wait_result(upload_ms=[])] * 2})
     text, verbose = rec.markdown(), rec.markdown(verbose=True)
     for piece in ("| GPU | GPU |", "| driver | 1 |", "| FreeToken | 0.2.1 |", "| model | a model |",
                   "`freetoken-graphfix bench engine ...`",
                   "| build | bs | GPU ms per decode step | tok/s | vs never uploaded, within host levels (95%) |",
-                  "| upstream | 2 | 3.305 | 605.1 | 1.0000 ± 0.0000 |", "| pre-697 | 2 | 3.305 | 605.1 | 1 (base) |",
+                  "| upstream | 2 | 3.305 | 605.1 | 1.0000 ± 0.0000 |", "| no-upload | 2 | 3.305 | 605.1 | 1 (base) |",
                   "the upload in the decode loop, same graph, same process: not measured", DETAIL):
         assert piece in text, piece
     for piece in ("upstream       bs 2: 1 process(es), kernels 1102 (1090), busy 812.5 µs, 4 streams, gap s1 0.190 "

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import asdict
 
 import pytest
 
@@ -50,9 +51,9 @@ def test_bad_arm_is_refused_by_the_parser():
     out = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "serve", "--arms", "fast"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "invalid choice: 'fast'" in out.stderr
-    pre = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "serve", "--arms", "pre-697"],
+    pre = subprocess.run([sys.executable, "-m", "freetoken_graphfix", "bench", "serve", "--arms", "no-upload"],
                          capture_output=True, text=True)  # an engine arm: it needs the engine child's seams
-    assert pre.returncode == 2 and "invalid choice: 'pre-697'" in pre.stderr
+    assert pre.returncode == 2 and "invalid choice: 'no-upload'" in pre.stderr
 
 
 SERVER = textwrap.dedent("""
@@ -115,7 +116,10 @@ def arm(name, single="abc", hung=False, passes=2, outlived=(), action="deferred"
         requests = [req("before", "first", 1, "single", "", hung=True)]
     rec = {"arm": name, "requests": requests, "hung": int(hung), "ready_s": 30.0, "stopped_by": "SIGINT",
            "outlived": list(outlived),
-           "passes": [{"pid": 12, "index": i, "actions": [action] * 2, "reasons": [reason] * 2} for i in range(passes)]}
+           "shims": [asdict(status_record.Status(True, name, True, "ok", passes=[
+               status_record.CapturePass(i, "GraphRunner._capture_graphs",
+                                         [status_record.GraphRecord(g, f"bs={2 - g}", [], action, reason, 0.1)
+                                          for g in range(2)], True) for i in range(passes)], pid=12))]}
     if not hung:
         rec["rebuild"] = {"status": "ok"}
     return record_files.build(records.ServeRun, rec, "run")

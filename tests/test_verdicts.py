@@ -50,36 +50,36 @@ def test_a_cost_at_any_batch_size_outranks_a_size_that_cannot_tell():
 
 def test_gate_is_uploaded_at_capture_so_its_own_graph_is_judged_not_taken_for_the_launch_path():
     """Gate runs FreeToken's own ``_upload_graph``: its own graph's 2% over never-uploaded copies is the
-    upload's (COSTS), as upstream's is; pre-697's same 2% is the launch path's."""
+    upload's (COSTS), as upstream's is; no-upload's same 2% is the launch path's."""
     text = rec(gate=[looped(i, own=1.02) for i in range(3)],
-               **{"pre-697": [looped(i + 3, own=1.0) for i in range(3)]}).text()
+               **{"no-upload": [looped(i + 3, own=1.0) for i in range(3)]}).text()
     assert own_line(text, "gate").endswith(COSTS), own_line(text, "gate")
     both = rec(gate=[looped(i, own=1.02) for i in range(3)],
-               **{"pre-697": [looped(i + 3, own=1.02) for i in range(3)]}).text()
-    assert own_line(both, "pre-697").endswith(LAUNCH_PATH)
-    assert own_line(both, "gate").endswith(AS_CONTROL.format("pre-697"))
+               **{"no-upload": [looped(i + 3, own=1.02) for i in range(3)]}).text()
+    assert own_line(both, "no-upload").endswith(LAUNCH_PATH)
+    assert own_line(both, "gate").endswith(AS_CONTROL.format("no-upload"))
 
 
 def test_a_first_launch_that_blocked_in_one_process_is_the_arms_first_launch():
     blocked = looped(0, first_launch_ms={"2": 4012.0, "1": 0.3})
-    figures = rec(**{"pre-697": [looped(1), blocked]}).figures
-    assert figures.arms["pre-697"].first_launch_ms == {"2": 4012.0, "1": 0.3}
+    figures = rec(**{"no-upload": [looped(1), blocked]}).figures
+    assert figures.arms["no-upload"].first_launch_ms == {"2": 4012.0, "1": 0.3}
 
 
 def test_the_aa_figure_is_the_second_arm_over_the_first_as_printed():
-    """In the no-WAIT case the A/A pair is (pre-697, auto); the report prints "auto over pre-697"."""
-    record = rec(**{"pre-697": [looped(i) for i in range(3)], "auto": [looped(i + 3, step=1.02 * 1.01)
+    """In the no-WAIT case the A/A pair is (no-upload, auto); the report prints "auto over no-upload"."""
+    record = rec(**{"no-upload": [looped(i) for i in range(3)], "auto": [looped(i + 3, step=1.02 * 1.01)
                                                                        for i in range(3)]})
-    assert record.figures.aa_pair == ("pre-697", "auto")
+    assert record.figures.aa_pair == ("no-upload", "auto")
     assert record.figures.aa["step"]["2"].ratio == pytest.approx(1.01, abs=0.002)
-    assert "A/A control (auto over pre-697" in (record).text()
+    assert "A/A control (auto over no-upload" in (record).text()
 
 
 def test_processes_a_tenth_apart_in_host_time_share_one_host_level():
     """Host levels are a process's 20-100% jumps (a host-bound step), not the 1.5% the rig's replays
     split at: two arms whose processes ran 10% apart on the host are still compared."""
     record = rec(upstream=[looped(i, host=0.22) for i in range(2)],
-                 **{"pre-697": [looped(i + 2, host=0.245) for i in range(2)]})
+                 **{"no-upload": [looped(i + 2, host=0.245) for i in range(2)]})
     assert record.figures.host_levels["2"] == [math.inf]
     assert not math.isnan(record.figures.arms["upstream"].cross["step"]["2"].ratio)
 
@@ -140,7 +140,7 @@ def test_bench_report_fails_a_record_whose_protected_arm_blocked(tmp_path):
 def test_bench_report_judges_against_the_wait_the_config_expected(tmp_path):
     """A record of a model whose config expects the PLE WAIT, where no run held one (the table not in
     wait-sync mode): re-judged, it fails, as the run itself did."""
-    record = rec(expects_wait=True, upstream=[looped(0)], **{"pre-697": [looped(1)]})
+    record = rec(expects_wait=True, upstream=[looped(0)], **{"no-upload": [looped(1)]})
     assert not record.figures.wait_case and saved(tmp_path, record).failed
     assert "not in CUDA wait-sync mode" in saved(tmp_path, record).text
 
@@ -151,24 +151,24 @@ def test_a_ratio_from_two_samples_has_a_band_of_student_t_on_one_degree_of_freed
 
 
 def test_the_markdown_opens_the_in_loop_figures_with_the_upload_in_bold():
-    record = rec(upstream=[looped(i) for i in range(2)], **{"pre-697": [looped(i + 2) for i in range(2)]})
+    record = rec(upstream=[looped(i) for i in range(2)], **{"no-upload": [looped(i + 2) for i in range(2)]})
     lines = record.markdown().splitlines()
     first = next(i for i, line in enumerate(lines) if "the upload in the decode loop, same graph" in line)
     assert lines[first].startswith("**") and lines[first + 1].startswith("- "), lines[first:first + 2]
 
 
 def test_the_host_levels_line_says_one_level_or_where_the_levels_split():
-    one = rec(upstream=[looped(i) for i in range(2)], **{"pre-697": [looped(i + 2) for i in range(2)]})
+    one = rec(upstream=[looped(i) for i in range(2)], **{"no-upload": [looped(i + 2) for i in range(2)]})
     assert sections.host_level_lines(one.figures)[0].endswith("one per phase")
-    two = rec(upstream=[looped(0), looped(1, host=0.44)], **{"pre-697": [looped(2), looped(3, host=0.44)]})
+    two = rec(upstream=[looped(0), looped(1, host=0.44)], **{"no-upload": [looped(2), looped(3, host=0.44)]})
     assert "several: bs 2: A < " in sections.host_level_lines(two.figures)[0]
 
 
 def test_an_arm_without_traced_runs_says_so_in_the_timeline():
-    record = rec(upstream=[looped(0)], **{"pre-697": [looped(1)]})
+    record = rec(upstream=[looped(0)], **{"no-upload": [looped(1)]})
     text = (record).text()
     assert all(any(line.startswith(f"{arm:14} not traced") for line in text.splitlines())
-               for arm in ("upstream", "pre-697")), text
+               for arm in ("upstream", "no-upload")), text
 
 
 def wait_run(seed: int, **over) -> dict:
@@ -180,10 +180,10 @@ def test_upstream_that_blocked_where_it_uploads_fails_the_run():
     """0.2.x protects its graphs by the upload: where its first launch still blocked (a GPU where the
     upload does not protect), that is a safety failure, not one more negative control."""
     fire = [{"step": 3, "bs": 2, "flag_after": 1}]
-    record = rec(expects_wait=True, upstream=[wait_run(0, fires=fire)], **{"pre-697": [wait_run(1, fires=fire)]})
+    record = rec(expects_wait=True, upstream=[wait_run(0, fires=fire)], **{"no-upload": [wait_run(1, fires=fire)]})
     assert record.figures.arms["upstream"].reference == "upstream"
     assert record.failures() == ["upstream: the watchdog released 1 blocked launch(es)"]
-    control_only = rec(expects_wait=True, upstream=[wait_run(0)], **{"pre-697": [wait_run(1, fires=fire)]})
+    control_only = rec(expects_wait=True, upstream=[wait_run(0)], **{"no-upload": [wait_run(1, fires=fire)]})
     assert control_only.failures() == []  # the negative control blocking is what it is for
 
 
@@ -263,7 +263,7 @@ def test_the_report_answers_first_with_the_details_own_figures():
     """The first lines, terminal and markdown alike: safety, the upload's in-loop cost with its band (the
     detail's own figure), what the positive control says the run could see, and what to set."""
     record = rec(upstream=[looped(i, upload=1.01, spin_ms=0.0204, drift=1e-4) for i in range(3)],
-                 **{"pre-697": [looped(i + 3, upload=1.01, spin_ms=0.0204) for i in range(3)]})
+                 **{"no-upload": [looped(i + 3, upload=1.01, spin_ms=0.0204) for i in range(3)]})
     text = (record).text()
     head = text.splitlines()[:8]
     assert head[0] == "safety: every protected arm never blocked and gave upstream's tokens"

@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..arms import ARMS, GATE, aa_pair
+from ..arms import ARMS, GATE, NO_UPLOAD, SKIP, UPSTREAM, aa_pair
 from ..records import EngineCase, EngineProcess, Summary, TracedBs, TracedRun, largest_first
 from ..stats import Ratio, cluster_of, clusters, geometric_mean, grouped_ratio, instance_medians, summary
 from . import loop, process_checks
@@ -285,7 +285,7 @@ def upstream_protects(runs: dict[str, list[EngineProcess]]) -> bool:
 def is_protected(arm: str, wait_case: bool, reference: str) -> bool:
     """Whether ``arm`` must never block: every arm where no graph holds the WAIT; else a protecting arm, upstream
     only where it is the reference (0.2.x's own upload)."""
-    return not wait_case or ARMS[arm].protected and (arm != "upstream" or reference == "upstream")
+    return not wait_case or ARMS[arm].protected and (arm != UPSTREAM or reference == UPSTREAM)
 
 
 def arm_errors(rs: list[EngineProcess], problems: list[list[str]]) -> list[str]:
@@ -345,7 +345,7 @@ def arm_figures(arm: str, rs: list[EngineProcess], rows: list[ProcessRow], probl
 
 def ratio_base(arms: dict[str, ArmFigures]) -> str | None:
     """The arm every ratio is taken to: the first never-uploaded (or unprotected) arm present."""
-    return next((a for a in ("pre-697", "skip", "upstream") if a in arms and
+    return next((a for a in (NO_UPLOAD, SKIP, UPSTREAM) if a in arms and
                  (not arms[a].protected or ARMS[a].never_uploaded)), None)
 
 
@@ -366,7 +366,7 @@ def figures_of(case: EngineCase) -> EngineFigures:
     runs, wait_case = case.runs, process_checks.wait_case_of(case.runs)
     problems = {arm: [process_checks.problems(arm, r, wait_case, case.expects_wait) for r in rs if r.ok]
                 for arm, rs in runs.items()}
-    reference = "upstream" if upstream_protects(runs) else GATE
+    reference = UPSTREAM if upstream_protects(runs) else GATE
     expected = {r.token_hash for r in runs.get(reference, []) if r.ok}
     rows = {arm: [process_row(r, i) for i, r in enumerate(rs) if r.ok] for arm, rs in runs.items()}
     levels = host_levels(rows)  # labels each row's host level, which the cross-process ratios pair within

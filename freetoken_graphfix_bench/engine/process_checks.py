@@ -69,12 +69,12 @@ def _shim_ran(arm: str, r: EngineProcess, wait_case: bool) -> list[str]:
     shim = r.shim
     mode = ARMS[arm].shim_mode
     if mode is None:
-        if shim is not None and shim["installed"]:
+        if shim is not None and shim.installed:
             return [f"the shim was loaded in the {arm} arm ({config.ENV_MODE} leaked into its environment)"]
         return []
-    if shim is None or shim["mode"] != mode or not shim["patched"]:
-        return [f"the shim did not reach the engine process in mode {mode} "
-                f"({'not loaded' if shim is None else shim['reason']}): is freetoken-graphfix installed in "
+    if shim is None or shim.mode != mode.value or not shim.patched:
+        return [f"the shim did not reach the engine process in mode {mode.value} "
+                f"({'not loaded' if shim is None else shim.reason}): is freetoken-graphfix installed in "
                 f"this interpreter's site-packages, so that its .pth bootstrap runs? see doctor"]
-    want, actions = expected_action(arm, wait_case), r.shim_actions()
+    want, actions = expected_action(arm, wait_case).value, r.shim_actions()
     return [] if set(actions) == {want} else [f"expected action {want} for every graph, got {actions}"]

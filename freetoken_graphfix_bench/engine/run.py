@@ -4,7 +4,7 @@ Each arm runs the real engine (``freetoken.llm.LLM``: Scheduler, Engine, GraphRu
 process (``child/main.py``), built from FreeToken's own ``ft serve`` options, on the synthetic
 qwen4_exp of ``model`` or the user's ``--model``. Shim arms get ``FT_GRAPH_UPLOAD`` in that
 process's environment and nothing else: the package's ``.pth`` bootstrap must bring the shim in,
-as on a user's machine. The never-uploaded arms (``pre-697``: FreeToken's upload removed, and
+as on a user's machine. The never-uploaded arms (``no-upload``: FreeToken's upload removed, and
 ``skip``) are the base of every ratio and, on a model whose graphs hold a host-released WAIT, the
 negative control: on a large enough model their first launches block. ``gate`` is FreeToken's own
 escape hatch (``FREETOKEN_PLE_SYNC=gate``: the fill before the launch, no WAIT in the graph): on
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..arms import arm_env, patched_freetoken
+from ..arms import NO_UPLOAD, PATCHED, UPSTREAM, arm_env, patched_freetoken
 from ..cases import Case
 from ..record_files import RecordError, build
 from ..records import EngineCase, EngineProcess, Environment, TracedRun, largest_first
@@ -47,7 +47,7 @@ def run_arm(arm: str, spec: dict[str, Any], hang_timeout: float, log_dir: str, l
             patched: str | None = None) -> EngineProcess:
     """One engine process for ``arm``, killed ``hang_timeout`` s after its own faulthandler exit was due;
     its result, or the error and the tail of its log."""
-    spec = dict(spec, no_upload=arm == "pre-697")
+    spec = dict(spec, no_upload=arm == NO_UPLOAD)
     spec_path = os.path.join(log_dir, f"{label}.spec.json")
     with open(spec_path, "w") as fh:
         json.dump(spec, fh)
@@ -90,7 +90,7 @@ def engine_case(case: Case, settings: EngineSettings, log_dir: str) -> EngineCas
                 "control": CONTROL_ADDED if settings.copies else 0, "watchdog_s": settings.watchdog,
                 "hang_timeout_s": settings.hang_timeout}
         if settings.warmup:  # the patched copy is another path: its JIT kernels may be compiled again
-            for arm in ("upstream", *(["patched"] if patched else [])):
+            for arm in (UPSTREAM, *([PATCHED] if patched else [])):
                 warm = run_arm(arm, spec, settings.hang_timeout, log_dir, f"{name}-warmup-{arm}", patched)
                 print(f"engine {case.label} warm-up run ({arm}): {one_line(warm)}", file=sys.stderr, flush=True)
         trace_runs = min(settings.trace_runs, settings.rounds) if settings.trace_steps else 0

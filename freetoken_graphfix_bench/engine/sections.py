@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from ..arms import ARMS
+from ..arms import ARMS, AUTO, DEFERRED, NO_UPLOAD, PATCHED, SKIP, UPSTREAM
 from ..stats import Ratio
 from ..verdicts import COSTS, FASTER, judged, pct, worst
 from .figures import CROSS, ArmFigures, EngineFigures, IdleFigure
@@ -165,7 +165,7 @@ def no_aa_reason(figures: EngineFigures) -> str:
     if figures.aa_pair:
         a, b = figures.aa_pair
         return f"{a} and {b} share no host level here, or ran one round"
-    return "add --arms " + ("pre-697 skip, or auto deferred" if figures.wait_case else "pre-697 auto")
+    return "add --arms " + (f"{NO_UPLOAD} {SKIP}, or {AUTO} {DEFERRED}" if figures.wait_case else f"{NO_UPLOAD} {AUTO}")
 
 
 def aa_lines(figures: EngineFigures) -> list[str]:
@@ -194,7 +194,7 @@ def compared(figures: EngineFigures) -> list[str]:
     """The arms held against the never-uploaded base across processes: not the base, nor the A/A
     control's other arm (that pair is the noise floor, not a finding)."""
     base, pair = figures.base, set(figures.aa_pair or ())
-    return [a for a in ("upstream", "auto", "patched") if a in figures.arms and a != base and {a, base} != pair]
+    return [a for a in (UPSTREAM, AUTO, PATCHED) if a in figures.arms and a != base and {a, base} != pair]
 
 
 def cross_verdicts(figures: EngineFigures) -> tuple[list[str], dict[tuple[str, str, str], str]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from freetoken_graphfix.decide import NO_WAIT
 from freetoken_graphfix.detect import PLE_KIND
 
-from ..arms import ARMS
+from ..arms import ARMS, UPSTREAM
 from ..records import ServeCase, ServeRun
 from ..workload import SINGLE
 
@@ -38,7 +38,7 @@ class ServeVerdict:
 def wait_case_of(case: ServeCase) -> bool:
     """Whether the model's decode graphs hold a host-released WAIT: what the shim's capture passes
     said in the shim arms' schedulers, or the model's config where no shim arm recorded a pass."""
-    reasons = [reason for run in case.runs.values() for p in run.passes for reason in p.reasons]
+    reasons = [g.reason for run in case.runs.values() for _, p in run.passes() for g in p.graphs]
     if any(PLE_KIND in reason for reason in reasons):
         return True
     return False if any(NO_WAIT in reason for reason in reasons) else case.expects_wait  # upload's name none
@@ -47,7 +47,7 @@ def wait_case_of(case: ServeCase) -> bool:
 def judge(case: ServeCase) -> ServeVerdict:
     """The case's verdicts from its raw runs alone (a saved record is judged again)."""
     wait_case = wait_case_of(case)
-    reference = case.runs.get("upstream")
+    reference = case.runs.get(UPSTREAM)
     problems = {arm: problems_of(run, reference, wait_case) for arm, run in case.runs.items()}
     if not case.runs:
         problems["(none)"] = ["no server ran: nothing was measured"]
@@ -96,10 +96,10 @@ def texts_changed(run: ServeRun, reference: ServeRun | None) -> tuple[str | None
 
 def passes_missing(run: ServeRun) -> str | None:
     """A shim arm whose scheduler process did not report capture passes 0 and 1 (start-up, then the rebuild)."""
-    pids = {p.pid for p in run.passes}
-    if not ARMS[run.arm].shim_mode or any(sum(p.pid == pid for p in run.passes) >= 2 for pid in pids):
+    if not ARMS[run.arm].shim_mode or any(len(status.passes) >= 2 for status in run.shims):
         return None
-    return f"expected capture passes 0 and 1 from the scheduler process, got {[(p.pid, p.index) for p in run.passes]}"
+    found = [(pid, p.index) for pid, p in run.passes()]
+    return f"expected capture passes 0 and 1 from the scheduler process, got {found}"
 
 
 def singles(run: ServeRun) -> dict[str, set[str]]:
@@ -156,7 +156,7 @@ def run_line(arm: str, run: ServeRun) -> str:
             f"{(ms(b1s, 'itl_median_ms') + '/' + ms(b1s, 'itl_p90_ms')):>15} {ms(b2f, 'ttft_ms'):>12} "
             f"{(ms(b2s, 'itl_median_ms') + '/' + ms(b2s, 'itl_p90_ms')):>15} {ms(a1f, 'ttft_ms'):>14} "
             f"{'-' if stable is None else 'yes' if stable else 'no':>9} {(run.stopped_by or '-').split()[0]:>8} "
-            f"{len(run.passes):>6}")
+            f"{len(run.passes()):>6}")
 
 
 def render(case: ServeCase, verdict: ServeVerdict) -> str:

@@ -33,7 +33,7 @@ from freetoken_graphfix.config import ENV_STATUS_DIR
 
 from ..arms import ARMS, arm_env, patched_freetoken
 from ..cases import Case
-from ..records import Environment, Request, ServeCase, ServeRun, ShimPass
+from ..records import Environment, Request, ServeCase, ServeRun
 from ..settings import ServeSettings
 from ..workload import PAIR, SINGLE, build, load_tokenizer, read_text
 
@@ -160,8 +160,7 @@ def run_arm(arm: str, model_dir: str, ft_args: list[str], texts: dict[str, str],
         rec.hung = sum(r.hung for r in rec.requests)
         stop(proc, rec)
         try:
-            rec.passes = [ShimPass(st.pid, p.index, [g.action for g in p.graphs], [g.reason for g in p.graphs])
-                          for st in status_record.read_all(status_dir) for p in st.passes]
+            rec.shims = status_record.read_all(status_dir)
         except status_record.StatusFileError as exc:
             rec.error = rec.error or str(exc)
     return rec

@@ -2,7 +2,7 @@
 built: one object per seam, each observing (and timing) what FreeToken does there and changing
 nothing else.
 
-- ``UploadSeam``: FreeToken's ``_upload_graph`` (0.2.x), timed, or skipped for the pre-697 arm;
+- ``UploadSeam``: FreeToken's ``_upload_graph`` (0.2.x), timed, or skipped for the no-upload arm;
 - ``WaitCounter``: the PLE table's WAIT, counted where it is captured into a graph;
 - ``count_self_released_waits``: the WAITs the MoE offload's own threads release, counted likewise;
 - ``CaptureSeam``: ``GraphRunner._capture_graphs``, timed; at the first capture, the copies of each
@@ -110,7 +110,7 @@ class LaunchWatchdog:
 
 
 class UploadSeam:
-    """FreeToken's ``_upload_graph`` timed per call (``ms``), or, for the pre-697 arm (``skip``), timed
+    """FreeToken's ``_upload_graph`` timed per call (``ms``), or, for the no-upload arm (``skip``), timed
     doing nothing. Whatever was there is what runs: the shim's wrapper where its bootstrap ran."""
 
     def __init__(self, graph_mod: Any, skip: bool) -> None:
@@ -121,7 +121,7 @@ class UploadSeam:
             graph_mod._upload_graph = self.timed
 
     def timed(self, *args, **kwargs) -> None:
-        """The wrapped ``_upload_graph``: FreeToken's (or the shim's) call timed, or nothing for the pre-697 arm."""
+        """The wrapped ``_upload_graph``: FreeToken's (or the shim's) call timed, or nothing for the no-upload arm."""
         t0 = time.perf_counter()
         if not self.skip:
             self.original(*args, **kwargs)
