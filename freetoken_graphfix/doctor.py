@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
-import subprocess
 import sys
 import sysconfig
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TextIO
 
-from . import __version__, bootstrap, config
+from . import __version__, bootstrap, child, config
 from .errors import ConfigError, shown
 
 MODE_HELP = {
@@ -190,13 +187,13 @@ def _short_check(line: Line) -> int:
     for key, value in lines:
         line(key, value)
     line("replay verdict", f"freetoken-graphfix bench rig ({RIG_TIME}; does the upload cost this GPU?)")
-    line("short check log", log)
+    line("short check logs", log)
     return problems
 
 
 @dataclass(frozen=True)
 class Probe:
-    """One first-launch probe as ``bench _probe`` prints it (its last stdout line, JSON), or why none came."""
+    """One first-launch probe as ``bench _probe`` answers it (``child.answer``), or why none came."""
 
     mode: str
     first_launch_ms: float = 0.0
@@ -206,33 +203,34 @@ class Probe:
     error: str | None = None
 
 
-def probe(kernels: int, mode: str, watchdog: float, log: TextIO) -> Probe:
+def probe(kernels: int, mode: str, watchdog: float, log: str) -> Probe:
     """One graph of ``kernels`` behind a PLE wait-sync WAIT, captured and first launched in ``mode`` in a fresh
     process: the benchmarks' own probe, through the command line (the shim never imports the benchmarks)."""
     cmd = [sys.executable, "-m", "freetoken_graphfix", "bench", "_probe", "--mode", mode, "--kernels", str(kernels),
            "--streams", "1", "--watchdog", str(watchdog)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, config.ENV_MODE: mode})
-    log.write(f"$ {' '.join(cmd)}\n{proc.stderr}\n")
     try:
-        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        row = child.run(cmd, log=log, timeout=600, env={**os.environ, config.ENV_MODE: mode})
         return Probe(mode, float(row["first_launch_ms"]), bool(row["blocked"]), str(row["action"]),
                      float(row["hook_ms"]), row.get("error"))
-    except (IndexError, ValueError, KeyError, TypeError, AttributeError):
-        tail = (proc.stderr or "").strip().splitlines()
-        return Probe(mode, error=tail[-1] if tail else f"exit {proc.returncode}, no output")
+    except child.ChildError as exc:
+        return Probe(mode, error=str(exc))
+    except (ValueError, KeyError, TypeError) as exc:
+        return Probe(mode, error=f"its answer lacks a probe's fields ({exc!r})")
 
 
 def short_check(kernels: int = 10000, watchdog: float = 4.0) -> tuple[list[tuple[str, str]], int, str]:
     """Does a protected first launch block on this GPU, does an unprotected one (the control), and what does the hook
-    cost at capture: three probes at once, on a graph large enough to block on an H200. Its lines, problems, log."""
-    with tempfile.NamedTemporaryFile("w", prefix="graphfix-doctor-", suffix=".log", delete=False) as log:
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            auto, skip, upload = pool.map(lambda mode: probe(kernels, mode, watchdog, log), ("auto", "skip", "upload"))
+    cost at capture: three probes at once, on a graph large enough to block on an H200. Its lines, problems, and the
+    folder of their logs."""
+    logs = tempfile.mkdtemp(prefix="graphfix-doctor-")
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        auto, skip, upload = pool.map(lambda mode: probe(kernels, mode, watchdog, os.path.join(logs, f"{mode}.log")),
+                                      ("auto", "skip", "upload"))
     graph = f"{kernels:,}-kernel graph behind a PLE wait-sync WAIT"
     lines, problems = [], 0
     for label, row, protected in (("protected launch", auto, True), ("unprotected control", skip, False)):
         if row.error:
-            lines.append((label, f"ERROR: {row.error} (see the log)"))
+            lines.append((label, f"ERROR: {row.error} (see {row.mode}.log)"))
             problems += 1
         elif row.blocked:
             problems += protected
@@ -246,4 +244,4 @@ def short_check(kernels: int = 10000, watchdog: float = 4.0) -> tuple[list[tuple
     if not (auto.error or upload.error):
         lines.append(("capture cost", f"auto {auto.hook_ms:.2f} ms a graph, upload {upload.hook_ms:.2f} ms "
                       "a graph (FreeToken's own)"))
-    return lines, problems, log.name
+    return lines, problems, logs

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import shlex
 import sys
@@ -61,7 +60,7 @@ def add_rig(sub: argparse._SubParsersAction, prog: str) -> None:
     rig.add_argument("--h2d", action="store_true", help="add a pinned-host H2D copy per layer (MoE-offload-like)")
     rig.add_argument("--modes", nargs="+", default=list(arms.SHIM_MODES), choices=arms.SHIM_MODES, metavar="MODE",
                      help=f"of: {', '.join(arms.SHIM_MODES)} (default: all)")
-    rig.add_argument("--gaps-into", metavar="PATH", help=argparse.SUPPRESS)  # the CUPTI child (cupti.gaps_from_child)
+    rig.add_argument("--gaps-child", action="store_true", help=argparse.SUPPRESS)  # cupti.gaps_from_child's child
     deadlock = sub.add_parser("deadlock", help="does a first launch block, per graph size, streams and mode",
                               parents=[outputs_options(markdown=False, plot=False), watchdog_option()],
                               **own(prog, "deadlock"),
@@ -266,14 +265,14 @@ def cuda_missing() -> str | None:
 
 
 def do_rig(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
-    """``bench rig``, or its hidden CUPTI child (``--gaps-into``), which the rig starts in a fresh process."""
+    """``bench rig``, or its hidden CUPTI child (``--gaps-child``), which the rig starts in a fresh process."""
     from .rig.measure import gaps_child, run_arms
 
     why = cuda_missing()
     if why:
         raise refused(say, why)
-    if opts.gaps_into:
-        return gaps_child(from_options(RigSettings, opts), opts.gaps_into)
+    if opts.gaps_child:
+        return gaps_child(from_options(RigSettings, opts))
     return finish(opts, run_arms(from_options(RigSettings, opts), opts.command))
 
 
@@ -379,13 +378,15 @@ def do_write_model(opts: argparse.Namespace, ft_args: list[str], say: str) -> in
 
 
 def do_probe(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
-    """One first-launch case of ``bench deadlock``, in the fresh process the matrix starts: its result as one JSON
-    line."""
+    """One first-launch case of ``bench deadlock``, in the fresh process the matrix starts: its result as its
+    answer (``child.answer``)."""
     import dataclasses
+
+    from freetoken_graphfix import child
 
     from .rig.deadlock import probe
 
-    print(json.dumps(dataclasses.asdict(probe(from_options(ProbeSettings, opts)))))
+    child.answer(dataclasses.asdict(probe(from_options(ProbeSettings, opts))))
     return OK
 
 

@@ -7,14 +7,14 @@ capture (PyTorch #75504: kernels of graphs captured earlier go untraced).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from typing import Any
 
-from .running import last_stderr_line, rotated
+from freetoken_graphfix import child, config
+
+from .running import rotated
 from .settings import RigSettings
 from .timeline import graph_launches, kernel_records, pooled_gaps
 
@@ -44,20 +44,18 @@ def kernel_gaps(trace_file: str, launches: list[str],
 def gaps_from_child(settings: RigSettings) -> tuple[dict[str, Any], str]:
     """The rig's inter-kernel gaps, traced in a fresh process (``rig.measure.gaps_child``): CUPTI
     initialised before the capture, never in the timing process."""
+    cmd = [sys.executable, "-m", "freetoken_graphfix_bench", "rig", "--gaps-child",
+           "--kernels", str(settings.kernels), "--streams", str(settings.streams), "--instances", "1",
+           "--profile-reps", str(settings.profile_reps), "--batch-sizes", *map(str, settings.batch_sizes),
+           "--modes", *settings.modes, *(["--no-wait"] if settings.no_wait else []),
+           *(["--h2d"] if settings.h2d else [])]
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "gaps.json")
-        cmd = [sys.executable, "-m", "freetoken_graphfix_bench", "rig", "--gaps-into", out,
-               "--kernels", str(settings.kernels), "--streams", str(settings.streams), "--instances", "1",
-               "--profile-reps", str(settings.profile_reps), "--batch-sizes", *map(str, settings.batch_sizes),
-               "--modes", *settings.modes, *(["--no-wait"] if settings.no_wait else []),
-               *(["--h2d"] if settings.h2d else [])]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "FT_GRAPH_UPLOAD": "off"})  # the child installs per arm
-        if proc.returncode != 0 or not os.path.exists(out):
-            return {}, "CUPTI child failed: " + last_stderr_line(proc)
-        with open(out) as fh:
-            got = json.load(fh)
-        return got["gaps"], got["note"]
+        try:
+            got = child.run(cmd, log=os.path.join(tmp, "gaps.log"), timeout=600,
+                            env={**os.environ, config.ENV_MODE: "off"})  # the child installs per arm
+        except child.ChildError as exc:
+            return {}, f"CUPTI child failed: {exc}"
+    return got["gaps"], got["note"]
 
 
 def profile_gaps(names: list[str], bs: int, launch: Any, stream: Any, reps: int) -> tuple[dict[str, Any], str]:

@@ -1,9 +1,8 @@
-"""What the benchmarks' running loops share: the arm order of each pass, the progress bar, and a child
-process's last error line."""
+"""What the benchmarks' running loops share: the arm order of each pass and the progress bar (a child
+process is run by ``freetoken_graphfix.child``)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TypeVar
@@ -28,7 +27,3 @@ def progress(iterable: Iterable[T], total: int, desc: str) -> Iterable[T]:
         return iterable
     return tqdm(iterable, total=total, desc=desc, leave=False)
 
-
-def last_stderr_line(proc: subprocess.CompletedProcess) -> str:
-    """The last line a failed child wrote, for the one line that says why it failed."""
-    return (proc.stderr.strip().splitlines() or ["no output"])[-1]

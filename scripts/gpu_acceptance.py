@@ -225,7 +225,7 @@ def steps(run: Run, opts: argparse.Namespace) -> None:
         [*CLI, "run", "--", py, "script.py", str(run.work / "q48"), QWEN_SERVER_ARGS + " --num-tokens 8192"], 300,
         {"FREETOKEN_PLE_SYNC": "wait"}), "run")))
     benches = {
-        "rig": ["rig", "--instances", "4", "--reps", "60", "--profile-reps", "0"],
+        "rig": ["rig", "--instances", "4", "--reps", "60", "--profile-reps", "3"],  # 3: the CUPTI child runs
         "engine": ["engine", "--layers", "48", "--arms", "upstream", "auto", "--rounds", "1", "--copies", "2",
                    "--decode-steps", "64", "--trace-steps", "0", "--replays", "10", "--no-warmup",
                    "--logs", str(run.work / "engine-logs")],

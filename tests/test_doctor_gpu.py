@@ -11,10 +11,9 @@ import subprocess
 import pytest
 import torch
 
-from freetoken_graphfix import cli
+from freetoken_graphfix import child, cli
 from freetoken_graphfix_bench import cli as bench_cli
 from freetoken_graphfix_bench.records import Probe
-from freetoken_graphfix_bench.rig import deadlock
 
 HEALTHY = {"auto": Probe("auto", 10000, 1, first_launch_ms=12.4, action="deferred", hook_ms=0.04),
            "skip": Probe("skip", 10000, 1, first_launch_ms=4008.0, blocked=True, action="skipped", hook_ms=0.01),
@@ -32,11 +31,14 @@ def gpu_doctor(monkeypatch, clean_shim, capsys):
             opts, _ = bench_cli.checked(bench_cli.parser(), cmd[4:])  # the probe's own options, as it parses them
             row = rows[opts.mode]
             if row.error:
-                return subprocess.CompletedProcess(cmd, 1, "", f"Traceback...\nRuntimeError: {row.error}\n")
-            return subprocess.CompletedProcess(cmd, 0, json.dumps(dataclasses.asdict(row)) + "\n", "")
+                kwargs["stderr"].write(f"Traceback...\nRuntimeError: {row.error}\n")
+                kwargs["stderr"].flush()
+                return subprocess.CompletedProcess(cmd, 1, "", None)
+            return subprocess.CompletedProcess(cmd, 0, child.RESULT_TAG + json.dumps(dataclasses.asdict(row)) + "\n",
+                                               None)
 
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(deadlock.subprocess, "run", probe_process)
+        monkeypatch.setattr(child.subprocess, "run", probe_process)
         code = cli.main(["doctor"])
         out = capsys.readouterr().out
         return code, dict(line.strip().split(": ", 1) for line in out.splitlines() if ": " in line)
@@ -67,7 +69,7 @@ def test_a_blocked_protected_launch_is_a_problem(gpu_doctor):
 def test_a_probe_that_fails_is_a_problem_with_its_last_line(gpu_doctor):
     code, lines = gpu_doctor({**HEALTHY, "auto": Probe("auto", 10000, 1, error="CUDA error: out of memory")})
     assert code == 1
-    assert lines["protected launch"] == "ERROR: RuntimeError: CUDA error: out of memory (see the log)"
+    assert lines["protected launch"] == "ERROR: exited 1: RuntimeError: CUDA error: out of memory (see auto.log)"
     assert "capture cost" not in lines
 
 

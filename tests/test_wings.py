@@ -19,7 +19,7 @@ from .test_imports import FILES, ROOT, module_name, own_imports, package_of
 SHIM, BENCH = "freetoken_graphfix", "freetoken_graphfix_bench"
 # what the benchmarks may import of the shim's package: its public API (docs/architecture.md lists the same)
 PUBLIC = {SHIM, *(f"{SHIM}.{m}" for m in ("config", "status_record", "safe_files", "errors", "device", "deferred",
-                                           "decide", "detect", "compat", "bootstrap", "series", "exits"))}
+                                           "decide", "detect", "compat", "bootstrap", "series", "exits", "child"))}
 
 IMPORT_ALL = """
 import importlib, json, os, sys, types

@@ -19,13 +19,13 @@ their capture and trace a short run of the same workload; no timed process is ev
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from freetoken_graphfix import child
 
 from ..arms import NO_UPLOAD, PATCHED, UPSTREAM, arm_env, patched_freetoken
 from ..cases import Case
@@ -40,36 +40,21 @@ from ..workload import load_tokenizer, read_text
 
 CHILD_DIR = Path(__file__).with_name("child")
 CHILD = CHILD_DIR / "main.py"  # run by path: its own directory, first on sys.path, holds its modules
-RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
 
 
 def run_arm(arm: str, spec: dict[str, Any], hang_timeout: float, log_dir: str, label: str,
             patched: str | None = None) -> EngineProcess:
     """One engine process for ``arm``, killed ``hang_timeout`` s after its own faulthandler exit was due;
     its result, or the error and the tail of its log."""
-    spec = dict(spec, no_upload=arm == NO_UPLOAD)
-    spec_path = os.path.join(log_dir, f"{label}.spec.json")
-    with open(spec_path, "w") as fh:
-        json.dump(spec, fh)
     log_path = os.path.join(log_dir, f"{label}.log")
-    with open(log_path, "w") as log:
-        try:
-            proc = subprocess.run([sys.executable, str(CHILD), spec_path], stdout=subprocess.PIPE, stderr=log,
-                                  text=True, env=arm_env(arm, patched), timeout=hang_timeout + 60)
-            code, stdout, why = proc.returncode, proc.stdout, f"engine process exited {proc.returncode}"
-        except subprocess.TimeoutExpired as exc:  # the child's own faulthandler exit did not fire
-            code, stdout, why = None, "", f"engine process killed after {exc.timeout:.0f} s"
-    lines = [ln for ln in stdout.splitlines() if ln.startswith(RESULT_TAG)]
-    with open(log_path, errors="replace") as fh:
-        tail = fh.read().strip().splitlines()[-3:]  # stderr's: where a traceback ends
-    with open(log_path, "a") as log:  # FreeToken logs to stdout: keep it with the process's stderr
-        log.writelines(ln + "\n" for ln in stdout.splitlines() if not ln.startswith(RESULT_TAG))
-    if code != 0 or not lines:
-        return EngineProcess(arm, log_path, error=f"{why}: " + " | ".join(tail))
+    try:  # killed a minute after the child's own faulthandler exit was due
+        found = child.run([sys.executable, str(CHILD)], log=log_path, timeout=hang_timeout + 60,
+                          env=arm_env(arm, patched), spec=dict(spec, no_upload=arm == NO_UPLOAD), tail=3)
+    except child.ChildError as exc:
+        return EngineProcess(arm, log_path, error=f"engine process {exc}")
     try:
-        return build(EngineProcess, {**json.loads(lines[-1][len(RESULT_TAG):]), "arm": arm, "log": log_path},
-                     f"the {arm} process's result")
-    except (RecordError, json.JSONDecodeError) as exc:
+        return build(EngineProcess, {**found, "arm": arm, "log": log_path}, f"the {arm} process's result")
+    except RecordError as exc:
         return EngineProcess(arm, log_path, error=f"its result cannot be read: {exc}")
 
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TextIO
 
-from ..record_files import build
+from freetoken_graphfix import child, config
+
+from ..record_files import RecordError, build
 from ..records import DeadlockRecord, Environment, Probe
-from ..running import last_stderr_line, progress
+from ..running import progress
 from ..settings import DeadlockSettings, ProbeSettings
 
 STREAMS = (1, 4)  # each size runs on one stream and on four (fork/join per layer)
@@ -22,7 +23,7 @@ STREAMS = (1, 4)  # each size runs on one stream and on four (fork/join per laye
 
 def probe(settings: ProbeSettings) -> Probe:
     """One case: capture one graph (head WAIT + kernels) in ``mode``, then its first launch in
-    FreeToken's serving order with a watchdog. Printed as one JSON line by the hidden ``_probe``."""
+    FreeToken's serving order with a watchdog. The hidden ``_probe``'s answer (``child.answer``)."""
     from .pieces import Rig, install_mode, last_pass
 
     rig = Rig(kernels=settings.kernels, streams=settings.streams, wait=True)
@@ -37,25 +38,24 @@ def probe(settings: ProbeSettings) -> Probe:
                  capture_s, graph.action, graph.hook_ms)
 
 
-def run_case(kernels: int, streams: int, mode: str, watchdog: float, log: TextIO | None = None) -> Probe:
-    """One probe in a fresh process (its stderr to ``log`` when given); its row, or the error."""
+def run_case(kernels: int, streams: int, mode: str, watchdog: float, log: str) -> Probe:
+    """One probe in a fresh process (its output in ``log``); its row, or the error."""
     cmd = [sys.executable, "-m", "freetoken_graphfix_bench", "_probe", "--mode", mode,
            "--kernels", str(kernels), "--streams", str(streams), "--watchdog", str(watchdog)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "FT_GRAPH_UPLOAD": mode})
-    if log is not None:
-        log.write(f"$ {' '.join(cmd)}\n{proc.stderr}\n")
     try:
-        return build(Probe, json.loads(proc.stdout.strip().splitlines()[-1]), "probe")
-    except (IndexError, ValueError):
-        return Probe(mode, kernels, streams, error=last_stderr_line(proc))
+        return build(Probe, child.run(cmd, log=log, timeout=600, env={**os.environ, config.ENV_MODE: mode}), "probe")
+    except (child.ChildError, RecordError) as exc:
+        return Probe(mode, kernels, streams, error=str(exc))
 
 
 def deadlock_matrix(settings: DeadlockSettings) -> DeadlockRecord:
     """Every (kernels, streams, mode) case in its own process, ``settings.jobs`` at a time. A blocked
     case shows as a launch the watchdog released, so concurrent cases cannot hide one; their
     first-launch times are less precise than in a sequential run."""
+    logs = tempfile.mkdtemp(prefix="graphfix-deadlock-")
+
     def case(spec: tuple[int, int, str]) -> Probe:
-        row = run_case(*spec, settings.watchdog)
+        row = run_case(*spec, settings.watchdog, os.path.join(logs, "{}-kernels-{}-streams-{}.log".format(*spec)))
         print("probe", json.dumps(dataclasses.asdict(row)), file=sys.stderr, flush=True)
         return row
 

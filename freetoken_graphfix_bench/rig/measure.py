@@ -5,10 +5,11 @@ measured by exactly the same schedule, which shows what cost this run could have
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from typing import Any
+
+from freetoken_graphfix import child
 
 from .. import spin
 from ..cupti import gaps_from_child, profile_gaps
@@ -188,8 +189,8 @@ def armed_hook_cost(calls: int = 20000) -> float:
     return 1e6 * (armed - plain) / calls
 
 
-def gaps_child(settings: RigSettings, path: str) -> int:
-    """In a fresh process: initialise CUPTI, capture the modes, trace replays, write the gaps to ``path``."""
+def gaps_child(settings: RigSettings) -> int:
+    """In a fresh process: initialise CUPTI, capture the modes, trace replays, answer the gaps (``child.answer``)."""
     from torch.profiler import _utils
 
     # CUPTI must be initialised before graphs are captured, or their kernels go untraced (PyTorch #75504)
@@ -198,6 +199,5 @@ def gaps_child(settings: RigSettings, path: str) -> int:
     bs = max(settings.batch_sizes)
     launch = launcher(rig, runners)
     gaps, note = profile_gaps(list(arms), bs, lambda arm, bs: launch(arm, 0, bs), rig.stream, settings.profile_reps)
-    with open(path, "w") as fh:
-        json.dump({"gaps": gaps, "note": note + f" (bs {bs})"}, fh)
+    child.answer({"gaps": gaps, "note": note + f" (bs {bs})"})
     return 0

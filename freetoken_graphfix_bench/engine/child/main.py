@@ -41,7 +41,7 @@ from child_seams import (
     wait_flag,
 )
 
-RESULT_TAG = "GRAPHFIX_ENGINE_RESULT "
+RESULT_TAG = "FREETOKEN_GRAPHFIX_RESULT "  # child.RESULT_TAG: this process must not import the package
 
 
 def carries_series() -> bool:
