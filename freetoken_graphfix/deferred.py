@@ -4,21 +4,8 @@ A never-uploaded graph is only dangerous on its first launch, when the driver's 
 block ``cudaGraphLaunch`` behind the graph's own WAIT while the PLE fill that releases it waits for
 the launch to return. For that one launch the guard submits the step's fill to a helper thread
 before the launch and joins it after, the ordering FreeToken 0.2.1 already uses on ROCm
-(``ple_disk.py`` 299-302, 328-341). Later launches take FreeToken's normal path, untouched.
-
-The state lives on FreeToken's own objects, as instance attributes that shadow their class's
-method, so it dies with them (a rebuild's ``destroy_cuda_graphs``, a dropped engine) and costs the
-other objects nothing:
-
-- a marked graph's ``replay`` is a :class:`FirstLaunch`. ``GraphRunner.replay`` calls ``g.replay()``
-  only after ``copy_from`` and ``prepare_for_replay`` succeeded, with ``g`` picked by
-  ``batch.padded_size``, so the guard runs exactly at ``cudaGraphLaunch``; a launch that raised keeps
-  its mark for the retry, a launch that returned removes it. Every other graph is never touched.
-- a ``DiskRowTable`` read by a marked graph gets a :class:`FillStager` as its ``host_fill_batch``:
-  FreeToken's ``forward_host_ctx`` calls ``self.host_fill_batch`` at every dispatch (also when a
-  model holds a bound ``forward_host_ctx`` from before the shim), so the stager sees the step's
-  deferred fill before the launch. It removes itself once no graph reading the table awaits a
-  first launch; while one does, it costs one call per dispatch (``bench`` measures it).
+(``ple_disk.py`` 299-302, 328-341 in 0.2.1). Later launches take FreeToken's normal path, untouched.
+Its state lives on FreeToken's own objects (docs/architecture.md, "The deferred guard").
 """
 
 from __future__ import annotations

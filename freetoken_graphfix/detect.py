@@ -2,17 +2,17 @@
 
 Every such WAIT comes from a ``lookup`` called inside a capture: ``row_store.wait_reset`` in
 FreeToken 0.2.x (``ple_disk.py``, ``engram_table.py``), ``_ple_store.memop_wait_reset`` in 0.1.3
-(``ple_disk.py`` 262-267). The caller's ``self`` tells who releases it:
+(0.1.3's ``ple_disk.py`` 262-267). The caller's ``self`` tells who releases it:
 
 - PLE ``DiskRowTable`` on CUDA (``_worker is None``): the deferred fill runs on the engine thread
-  *after* ``cudaGraphLaunch`` returns (``ple_disk.py`` 342-345). A large never-uploaded graph can
+  *after* ``cudaGraphLaunch`` returns (0.2.1's ``ple_disk.py`` 342-345). A large never-uploaded graph can
   block its own launch behind that WAIT: the deadlock the upload was added for.
 - PLE on ROCm (a ``ple-fill`` worker) and Engram (``engram-fill``): the fill is submitted to a
   worker *before* the launch, so the WAIT is released even while the launch blocks.
 - Anything else: unknown, so it is treated as released after the launch (protected).
 
 Never seen here, and needing nothing: the WAITs MoE offload enqueues from C++ (the CPU-MoE
-handshake, ``moe/cpu_executor.py`` 611; the locked-layer fetch, ``csrc/cpu_moe/locked_fetch.cpp``
+handshake, 0.2.1's ``moe/cpu_executor.py`` 611; the locked-layer fetch, ``csrc/cpu_moe/locked_fetch.cpp``
 79-86), released during the launch by host threads answering a doorbell rung earlier in the graph.
 """
 
@@ -147,7 +147,7 @@ def _flag_of(owner: Any, flag: Any) -> Any:
 
 
 def capture_batch_size() -> int | None:
-    """The ``bs`` of FreeToken's capture loop (``graph.py`` 200), when ``_capture_graphs`` is calling.
+    """The ``bs`` of FreeToken's capture loop (0.2.1's ``graph.py`` 200), when ``_capture_graphs`` is calling.
 
     Only from the ``_upload_graph`` hook, right under ``_capture_graphs``: reading that frame's
     locals from inside a capture (from the WAIT hook, deep in the model's forward) left FreeToken's

@@ -61,7 +61,7 @@ class CudaDevice:
 
     def upload(self, graph: Any, stream: Any) -> None:
         """``cuGraphUpload`` on ``stream``, then a synchronize: FreeToken 0.2.x's ``_upload_graph``
-        (``graph.py`` 118-129), made through cuda-python for a release that has none (0.1.3)."""
+        (0.2.1's ``graph.py`` 118-129), made through cuda-python for a release that has none (0.1.3)."""
         from cuda.bindings import driver
 
         (err,) = driver.cuGraphUpload(driver.CUgraphExec(graph.raw_cuda_graph_exec()),

@@ -1,22 +1,10 @@
 """install() / uninstall() / status(): take the place of FreeToken's capture-time upload, graph by graph.
 
-Wrapped, all or nothing, when ``freetoken.engine.graph`` is imported (``bootstrap.when_imported``, so the
-import order does not matter), each a module or class attribute FreeToken looks up at call time:
-
-- ``engine.graph._upload_graph`` (0.2.x; called per graph, ``graph.py`` 222): the per-graph decision.
-- ``GraphRunner._capture_graphs``: delimits a capture pass (startup, rebuild, rollback), so the record
-  of one pass never leaks into the next and ``status()`` shows every pass; on 0.1.3, which has no
-  upload to take the place of, it is where each graph is decided, once the pass is done.
-
-and, once FreeToken itself imports it (never from here: ``freetoken.kernel`` pulls in triton and the
-row store's extension), the function that enqueues the WAIT, which records each WAIT captured:
-``kernel.row_store.wait_reset`` (0.2.x; imported inside ``lookup``, ``ple_disk.py`` 357,
-``engram_table.py`` 170) or ``kernel._ple_store.memop_wait_reset`` (0.1.3, ``ple_disk.py`` 262-267).
-No graph can hold such a WAIT before that module is imported; should the function found then not be
-the one the shim expects, the shim stands down whole and FreeToken keeps its own upload.
-
-Each install is a ``capture.Shim``, whose methods are the wrappers and which holds everything the
-install found and did; this module holds the lifecycle and reads the latest install for ``status()``.
+When ``freetoken.engine.graph`` is imported (in either order), ``_upload_graph`` and
+``GraphRunner._capture_graphs`` are wrapped, all or nothing, and later the function that enqueues
+the WAIT, once FreeToken imports it; any surprise stands the shim down whole, leaving FreeToken's own
+upload (docs/architecture.md, "What the shim wraps"). Each install is a ``capture.Shim``, whose methods
+are the wrappers; this module holds the lifecycle and reads the latest install for ``status()``.
 """
 
 from __future__ import annotations

@@ -8,5 +8,6 @@ reads back), ``reports`` (a record's report, one path for runs and saved records
 about an arm), ``stats`` (maths) apart from ``verdicts`` (the words), ``timeline`` with ``cupti`` and
 ``nsys`` (kernel timelines from either profiler), ``cases``/``target``/``model``/``workload`` (the models
 a real-engine bench runs and #775's workload), ``startup``, ``spin`` (the positive controls), and
-``cli``, the entry point.
+``cli``, the entry point, built from ``registry``, the one table of benchmarks (a new one: its folder,
+holding its ``Benchmark`` entry, and one line there).
 """

@@ -103,3 +103,4 @@ def prepare(asked: Models, ft_args: list[str]) -> tuple[list[Case], str | None]:
         return [Case(target, None)], None
     return [Case(synthetic(asked.context, asked.decode_steps, ft_args, asked.experts), layers)
             for layers in asked.layers or [48]], None
+

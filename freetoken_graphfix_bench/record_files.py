@@ -16,14 +16,20 @@ import os
 import re
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, Union
 
 from freetoken_graphfix import safe_files
 
 from .arms import RENAMED
-from .records import KINDS, SCHEMA, Record
+from .records import SCHEMA, Record
 
-ACCEPTED = "accepted values are a record a bench --json wrote (" + ", ".join(KINDS) + ")"
+Kinds = Mapping[str, type]  # a record's kind -> its class: ``registry.kinds()``, passed down (this module is below it)
+
+
+def accepted(kinds: Kinds) -> str:
+    """The accepted values, for the line that refuses a file: the kinds of record a benchmark saves."""
+    return "accepted values are a record a bench --json wrote (" + ", ".join(kinds) + ")"
 
 
 class RecordError(ValueError):
@@ -56,36 +62,36 @@ MAX_BYTES = 256 * 1024 * 1024  # the largest GPU record written here is under 2 
 MAX_INSTANCES, MAX_REPLAYS = 10_000, 1_000_000  # bench rig's defaults are 12 and 300
 
 
-def read(path: str) -> Record:
+def read(path: str, kinds: Kinds) -> Record:
     """The record in ``path``, of any schema; :class:`RecordError` in one line naming the file and,
     where one is missing or odd, the field."""
     try:
         size = os.path.getsize(path)
         if size > MAX_BYTES:
             raise RecordError(f"{path!r}: {size:,} bytes, more than a record holds (at most {MAX_BYTES:,}); "
-                              f"{ACCEPTED}")
+                              f"{accepted(kinds)}")
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except FileNotFoundError:
-        raise RecordError(f"{path!r} does not exist; {ACCEPTED}") from None
+        raise RecordError(f"{path!r} does not exist; {accepted(kinds)}") from None
     except (OSError, UnicodeError, json.JSONDecodeError) as exc:
-        raise RecordError(f"{path!r} cannot be read as JSON ({exc}); {ACCEPTED}") from None
+        raise RecordError(f"{path!r} cannot be read as JSON ({exc}); {accepted(kinds)}") from None
     try:
-        return from_data(data)
+        return from_data(data, kinds)
     except RecordError as exc:
-        raise RecordError(f"{path!r}: {exc}; {ACCEPTED}") from None
+        raise RecordError(f"{path!r}: {exc}; {accepted(kinds)}") from None
 
 
-def from_data(data: Any) -> Record:
-    """A record from JSON data of any schema (``migrate`` first)."""
+def from_data(data: Any, kinds: Kinds) -> Record:
+    """A record of one of ``kinds`` from JSON data of any schema (``migrate`` first)."""
     data = migrate(data)
     kind = data.get("kind")
-    if kind not in KINDS:
+    if kind not in kinds:
         raise RecordError(f"a record of kind {kind!r}, which this version does not know")
     if data.get("schema", SCHEMA) > SCHEMA:
         raise RecordError(f"schema {data['schema']}, written by a newer freetoken-graphfix (this one reads "
                           f"up to {SCHEMA})")
-    record = build(KINDS[kind], {k: v for k, v in data.items() if k not in ("kind", "schema")}, kind)
+    record = build(kinds[kind], {k: v for k, v in data.items() if k not in ("kind", "schema")}, kind)
     for name, arm in getattr(record, "arms", {}).items():
         for bs, instances in arm.replay_us.items():
             if len(instances) > MAX_INSTANCES or any(len(replays) > MAX_REPLAYS for replays in instances):
@@ -331,7 +337,7 @@ DAMAGED = (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, StopI
            OverflowError)
 
 
-def damaged(path: str, exc: Exception) -> str:
+def damaged(path: str, exc: Exception, kinds: Kinds) -> str:
     """The one line for a damaged record."""
     return (f"{path!r}: a damaged record ({type(exc).__name__}: {str(exc)[:120] or 'no detail'}); "
-            f"{ACCEPTED}")
+            f"{accepted(kinds)}")

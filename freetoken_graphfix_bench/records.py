@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Protocol
 
 from freetoken_graphfix.status_record import CapturePass, Status
 
@@ -331,5 +331,7 @@ class ServeRecord:
     cases: list[ServeCase]
 
 
-Record = Union[RigRecord, DeadlockRecord, StartupRecord, EngineRecord, ServeRecord]  # noqa: UP007
-KINDS: dict[str, type] = {c.kind: c for c in (RigRecord, DeadlockRecord, StartupRecord, EngineRecord, ServeRecord)}
+class Record(Protocol):
+    """Any benchmark's record: a dataclass whose ``kind`` names its benchmark (``registry``)."""
+
+    kind: ClassVar[str]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import platform
@@ -11,7 +12,10 @@ import tempfile
 import threading
 import time
 
+from .benchmark import Benchmark, Subparsers, finish, own
+from .options import outputs_options, whole_at_least
 from .records import StartupRecord
+from .reports import Report
 from .running import rotated
 from .stats import median_band, summary
 
@@ -101,3 +105,28 @@ def startup_verdict(bands: list[tuple[float, float, float]], runs: int) -> str:
     if all(high <= TARGET_MS for _, _, high in bands):
         return "met (every interval within it)"
     return "cannot tell (an interval straddles it: run with more --runs)"
+
+
+def add_startup(sub: Subparsers, prog: str) -> argparse.ArgumentParser:
+    """``bench startup``'s options: how many interpreter starts per arm."""
+    startup = sub.add_parser("startup", help="interpreter start-up with and without the .pth (no GPU)",
+                             parents=[outputs_options(markdown=False, plot=False)], **own(prog, "startup"),
+                             description="python -c pass in a bare venv and in one holding this package's .pth, "
+                                         "FT_GRAPH_UPLOAD unset, armed and off, paired run by run.")
+    startup.add_argument("--runs", type=whole_at_least(MIN_RUNS), default=200,
+                         help=f"interpreter starts per arm, {MIN_RUNS} or more (default 200)")
+    return startup
+
+
+def run_startup(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
+    """``bench startup``: needs no GPU, so nothing to check before it runs."""
+    record = startup(opts.runs)
+    return finish(opts, record, startup_report(record))
+
+
+def startup_report(record: StartupRecord) -> Report:
+    """The one line of a start-up record."""
+    return Report("startup", render(record))
+
+
+STARTUP = Benchmark("startup", add_startup, run_startup, StartupRecord, startup_report)

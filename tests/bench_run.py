@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from freetoken_graphfix_bench import record_files, records
+from freetoken_graphfix_bench import records, registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,4 +26,4 @@ def bench_record(args: list[str], folder: Path, env: dict[str, str] | None = Non
     out = subprocess.run(bench_command(args, folder), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     print("\n" + out.stdout)
     assert record.is_file(), out.stderr[-4000:]
-    return record_files.read(str(record)), out.returncode
+    return registry.read(str(record)), out.returncode

@@ -20,7 +20,7 @@ from freetoken_graphfix_bench import arms as bench_arms
 from freetoken_graphfix_bench import records, verdicts
 from freetoken_graphfix_bench.engine import headline
 from freetoken_graphfix_bench.engine.figures import EngineFigures, figures_of
-from freetoken_graphfix_bench.reports import report_of
+from freetoken_graphfix_bench.registry import report_of
 from freetoken_graphfix_bench.rig import figures as rig_figures
 from freetoken_graphfix_bench.rig import report as rig_report
 

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from freetoken_graphfix_bench import record_files, records
+from freetoken_graphfix_bench import record_files, records, registry
 
 RECORDS = Path(__file__).with_name("records")
 ENV = "GRAPHFIX_RECORDS"
@@ -59,7 +59,7 @@ def keep_steps(name: str, steps: dict[str, Any]) -> dict[str, Any]:
 
 
 def load(name: str) -> records.Record:
-    return record_files.read(str(RECORDS / f"{name}.json"))
+    return registry.read(str(RECORDS / f"{name}.json"))
 
 
 def load_steps(name: str) -> dict[str, Any]:

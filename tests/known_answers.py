@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from freetoken_graphfix_bench import record_files, records
+from freetoken_graphfix_bench import record_files, records, registry
 from freetoken_graphfix_bench.verdicts import CONTROL_ADDED
 
 ACTIONS = {"upload": "upload", "skip": "exposed", "warm": "warm", "deferred": "deferred", "auto": "deferred",
@@ -52,4 +52,4 @@ def rig_record(cost: float, apart: float, seed: int, *, instances: int = 12, rep
               "arms": {name: arm(name) for name in arms}, "command": "freetoken-graphfix bench rig"}
     if "control" in arms:
         record["control"] = {"spin_us": spin_us, "spin_cycles": 0}
-    return record_files.from_data(record)
+    return record_files.from_data(record, registry.kinds())

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from freetoken_graphfix.exits import UsageError
-from freetoken_graphfix_bench import cli, cupti, record_files, records, running, stats, timeline
+from freetoken_graphfix_bench import cli, cupti, record_files, records, registry, running, stats, timeline
 from freetoken_graphfix_bench.rig import figures, measure, report
 
 
@@ -114,7 +114,8 @@ def record(skip_instances, auto_instances, upload_instances=None):
                    "instances": len(skip_instances), "reps": 3, "profile_reps": 0, "watchdog": 4.0,
                    "modes": ["skip", "auto", "upload"]},
         "arms": {"skip": arm(skip_instances, "exposed", True), "auto": arm(auto_instances, "deferred", False),
-                 **({"upload": arm(upload_instances, "upload", False)} if upload_instances else {})}})
+                 **({"upload": arm(upload_instances, "upload", False)} if upload_instances else {})}},
+        registry.kinds())
 
 
 def test_rows_pool_instances_and_report_their_spread():

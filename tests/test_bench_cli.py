@@ -5,11 +5,13 @@ sizes likewise; each benchmark's settings are built from its own parser."""
 from __future__ import annotations
 
 import os
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from freetoken_graphfix_bench import cli
+from freetoken_graphfix_bench import benchmark, cli, registry
 
 BENCHMARKS = ["rig", "deadlock", "engine", "serve", "startup", "report", "nsys", "launch", "write-model"]
 
@@ -54,8 +56,8 @@ def test_an_option_the_chosen_benchmark_would_not_read_is_refused(argv, line, ca
     def nothing_may_run(*args, **kwargs):
         raise AssertionError("ran before refusing")
 
-    monkeypatch.setattr(cli, "RUN", {name: nothing_may_run for name in cli.RUN})
-    monkeypatch.setattr(cli, "cuda_missing", nothing_may_run)
+    monkeypatch.setattr(registry, "BENCHMARKS", tuple(replace(b, run=nothing_may_run) for b in registry.BENCHMARKS))
+    monkeypatch.setattr(benchmark, "cuda_missing", nothing_may_run)
     code = cli.main(argv)
     err = capsys.readouterr().err
     assert code == 2 and line in err.splitlines()[-1], err
@@ -73,7 +75,8 @@ def test_plot_without_matplotlib_is_refused_before_anything_runs(monkeypatch, ca
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
-    monkeypatch.setattr(cli, "RUN", {name: lambda *a: pytest.fail("ran before refusing") for name in cli.RUN})
+    monkeypatch.setattr(registry, "BENCHMARKS", tuple(replace(b, run=lambda *a: pytest.fail("ran before refusing"))
+                                                      for b in registry.BENCHMARKS))
     for argv in (["rig", "--plot", str(tmp_path / "g.png")], ["engine", "--plot", str(tmp_path / "g.png")]):
         code = cli.main(argv)
         assert code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
@@ -101,7 +104,7 @@ def test_bad_paths_and_sizes_are_one_line_before_anything_runs(argv, line, tmp_p
     (tmp_path / "link").symlink_to(tmp_path / "file")
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     os.mkfifo(tmp_path / "fifo")
-    monkeypatch.setattr(cli, "cuda_missing", lambda: pytest.fail("got as far as the GPU"))
+    monkeypatch.setattr(benchmark, "cuda_missing", lambda: pytest.fail("got as far as the GPU"))
     monkeypatch.chdir(tmp_path)
     argv = [a.format(file=tmp_path / "file", dir=tmp_path / "model", shared=tmp_path / "shared",
                      link=tmp_path / "link", dangling=tmp_path / "dangling", fifo=tmp_path / "fifo") for a in argv]
@@ -125,7 +128,6 @@ def test_an_empty_prompt_file_is_refused_not_the_default_text():
 def test_a_startup_record_is_read_back_and_a_rig_record_without_its_command_renders(tmp_path, capsys):
     import json
 
-    from freetoken_graphfix_bench import record_files
     from freetoken_graphfix_bench.rig import report
 
     from .known_answers import rig_record
@@ -136,7 +138,7 @@ def test_a_startup_record_is_read_back_and_a_rig_record_without_its_command_rend
     assert cli.main(["report", str(tmp_path / "s.json")]) == 0
     assert capsys.readouterr().out.strip().endswith("target within +5 ms: cannot tell (an interval straddles it: run "
                                                     "with more --runs)")
-    assert record_files.read(str(tmp_path / "s.json")).ms["bare"].low == 10.0
+    assert registry.read(str(tmp_path / "s.json")).ms["bare"].low == 10.0
     rig = rig_record(0.0, 0.002, seed=1)
     rig.command = ""
     assert "| command | `not recorded` |" in report.markdown(rig)
@@ -144,7 +146,7 @@ def test_a_startup_record_is_read_back_and_a_rig_record_without_its_command_rend
 
 @pytest.mark.parametrize("name", ["rig", "launch"])
 def test_a_gpu_benchmarks_refusal_has_the_same_prefix_as_every_other(capsys, monkeypatch, name):
-    monkeypatch.setattr(cli, "cuda_missing", lambda: "no CUDA device; nothing to measure")
+    monkeypatch.setattr(benchmark, "cuda_missing", lambda: "no CUDA device; nothing to measure")
     assert cli.main([name]) == 1
     assert capsys.readouterr().err == (f"freetoken-graphfix: error: bench {name}: no CUDA device; nothing to "
                                        "measure\n")
@@ -163,7 +165,8 @@ def test_launch_renders_each_tracer_with_its_figure():
 def test_each_benchmark_reads_typed_settings_built_from_its_own_options():
     """Every field of every benchmark's settings is an option of its own subcommand (so the CLI boundary
     builds each from the parsed options, with the parser's defaults), and no module below the CLI
-    imports argparse: the CLI, its option groups and the settings' builder alone."""
+    imports argparse: the CLI, its option groups, the settings' builder, and each benchmark's entry
+    (its parser and run, as ``registry`` lists them) alone."""
     import ast
     import dataclasses
     from pathlib import Path
@@ -187,22 +190,27 @@ def test_each_benchmark_reads_typed_settings_built_from_its_own_options():
     for path in bench.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names):
-                importers.add(path.name)
-    assert importers == {"cli.py", "options.py", "settings.py"}
+                importers.add(path.relative_to(bench).as_posix())
+    entries = {Path(sys.modules[b.run.__module__].__file__).relative_to(bench).as_posix() for b in registry.BENCHMARKS}
+    assert entries == {"rig/__init__.py", "engine/__init__.py", "serve/__init__.py", "startup.py", "tools.py",
+                       "registry.py"}
+    assert importers == {"cli.py", "options.py", "settings.py", "benchmark.py", *entries}
 
 
 def test_logs_is_made_if_missing_before_the_benchmark_writes_into_it(tmp_path, monkeypatch):
     """``--logs DIR`` whose parent exists: the folder is made before the first process logs there."""
     from freetoken_graphfix_bench import cases, records
+    from freetoken_graphfix_bench import engine as engine_bench
     from freetoken_graphfix_bench.engine import run as engine_run
 
     seen = []
-    monkeypatch.setattr(cli, "cuda_missing", lambda: None)
+    monkeypatch.setattr(benchmark, "cuda_missing", lambda: None)
     monkeypatch.setattr(cases, "early_checks", lambda asked, ft_args: None, raising=False)
     monkeypatch.setattr(cases, "prepare", lambda asked, ft_args: ([object()], None))
     monkeypatch.setattr(engine_run, "engine_case", lambda case, settings, log_dir: seen.append(os.path.isdir(log_dir))
                         or records.EngineCase.__new__(records.EngineCase))
-    monkeypatch.setattr(cli, "finish", lambda opts, record: 0)
+    monkeypatch.setattr(engine_bench, "engine_report", lambda record: None)
+    monkeypatch.setattr(engine_bench, "finish", lambda *args: 0)
     logs = tmp_path / "new"
     assert cli.main(["engine", "--arms", "upstream", "--logs", str(logs)]) == 0
     assert seen == [True]

@@ -539,13 +539,13 @@ def test_a_timed_launch_releases_the_wait_just_before_and_times_between_its_even
 def test_the_readmes_example_report_is_what_the_code_prints_for_its_record():
     """docs/measuring.md shows the answer and the markdown's head for the llama on #775's workload: they are
     rendered here again, by the current code, from the record that run kept."""
-    from freetoken_graphfix_bench import record_files
-    from freetoken_graphfix_bench.reports import report_of
+    from freetoken_graphfix_bench import registry
+    from freetoken_graphfix_bench.registry import report_of
 
     from .gpu_records import RECORDS
 
     readme = (Path(__file__).resolve().parents[1] / "docs" / "measuring.md").read_text()
-    report = report_of(record_files.read(str(RECORDS / "engine-llama.json")))
+    report = report_of(registry.read(str(RECORDS / "engine-llama.json")))
     text = re.search(r"and a test renders this block from it\):\n\n```text\n(.*?)\n```", readme, re.S).group(1)
     md = re.search(r"first lines of its `--markdown` \((\d+) in all\):\n\n```markdown\n(.*?)\n```", readme, re.S)
     assert text.splitlines() == report.text.splitlines()[:4]

@@ -18,7 +18,7 @@ from freetoken_graphfix import bootstrap
 from freetoken_graphfix_bench import arms, model, records, target
 from freetoken_graphfix_bench.cases import Case
 from freetoken_graphfix_bench.engine.run import engine_case
-from freetoken_graphfix_bench.reports import report_of
+from freetoken_graphfix_bench.registry import report_of
 from freetoken_graphfix_bench.settings import EngineSettings
 
 from . import gpu_checks

@@ -187,8 +187,8 @@ def test_bench_without_a_module_it_needs_is_one_line(tmp_path, module, args):
     llama = tmp_path / "llama"
     assert run_cli("bench", "write-model", str(llama), "--family", "llama").returncode == 0
     args = [a.format(llama=llama, new=tmp_path / "new") for a in args]
-    code = (f"import sys; sys.modules[{module!r}] = None\nfrom freetoken_graphfix_bench import cli\n"
-            "cli.cuda_missing = lambda: None  # as on a GPU machine\nsys.exit(cli.main(sys.argv[1:]))")
+    code = (f"import sys; sys.modules[{module!r}] = None\nfrom freetoken_graphfix_bench import benchmark, cli\n"
+            "benchmark.cuda_missing = lambda: None  # as on a GPU machine\nsys.exit(cli.main(sys.argv[1:]))")
     out = subprocess.run([sys.executable, "-c", code, *args], env=child_env(None), capture_output=True, text=True,
                          timeout=120)
     err = out.stderr.strip().splitlines()

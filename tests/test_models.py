@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from freetoken_graphfix_bench import cases, cli, model, target, workload
+from freetoken_graphfix_bench import benchmark, cases, cli, model, target, workload
 from freetoken_graphfix_bench.engine import process_checks
 from freetoken_graphfix_bench.engine.report import DETAIL
 
@@ -155,7 +155,7 @@ def test_write_model_is_all_or_nothing(tmp_path, capsys):
 def test_bad_model_input_is_one_line_naming_it(models, tmp_path, capsys, monkeypatch, args, message):
     import tempfile
 
-    monkeypatch.setattr(cli, "cuda_missing", lambda: None)  # FreeToken's parser runs only where a GPU is
+    monkeypatch.setattr(benchmark, "cuda_missing", lambda: None)  # FreeToken's parser runs only where a GPU is
     (tmp_path / "file").write_text("")
     (tmp_path / "empty").mkdir()
     (tmp_path / "notok").mkdir()  # a config and no tokenizer

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from freetoken_graphfix.status_record import Status
-from freetoken_graphfix_bench import record_files
-from freetoken_graphfix_bench.reports import report_of
+from freetoken_graphfix_bench import registry
+from freetoken_graphfix_bench.registry import report_of
 
 RECORDS = Path(__file__).parent / "records"
 EXPECTED = RECORDS / "reports"
@@ -24,7 +24,7 @@ SAVED = sorted(RECORDS.glob("*.json"))
 
 def rendered(path: Path) -> str:
     """What a reader of ``bench report PATH --verbose --markdown`` is shown, in one text."""
-    report = report_of(record_files.read(str(path)))
+    report = report_of(registry.read(str(path)))
     markdown = report.markdown(True) if report.markdown else ""
     return f"{report.text}\n--- failures\n" + "\n".join(report.failures) + f"\n--- markdown --verbose\n{markdown}\n"
 
@@ -48,13 +48,13 @@ def test_a_second_schema_record_reads_in_the_current_shape():
     """Schema 2 named the never-uploaded arm ``pre-697``, kept an engine process's status without its
     pid, and a server's capture passes as actions and reasons: read back, the arm is ``no-upload``, the
     status is 0's, and each server process is one typed status holding its passes."""
-    engine = record_files.read(str(RECORDS / "engine-small.json"))
+    engine = registry.read(str(RECORDS / "engine-small.json"))
     assert json.loads((RECORDS / "engine-small.json").read_text())["schema"] == 2
     case = engine.cases[0]
     assert "no-upload" in case.runs and "pre-697" not in case.runs
     assert {r.arm for r in case.runs["no-upload"]} == {"no-upload"}
     shims = [r.shim for rs in case.runs.values() for r in rs if r.shim is not None]
     assert shims and all(isinstance(s, Status) and s.pid == 0 for s in shims)
-    serve = record_files.read(str(RECORDS / "serve.json")).cases[0].runs["auto"]
+    serve = registry.read(str(RECORDS / "serve.json")).cases[0].runs["auto"]
     assert [(type(s), s.pid, [p.index for p in s.passes]) for s in serve.shims] == [(Status, 1263, [0, 1])]
     assert {g.action for _, p in serve.passes() for g in p.graphs} == {"deferred"}

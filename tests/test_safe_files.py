@@ -12,7 +12,7 @@ import pytest
 
 from freetoken_graphfix import safe_files, status_record
 from freetoken_graphfix.errors import UnsafePathError
-from freetoken_graphfix_bench import outputs, record_files
+from freetoken_graphfix_bench import outputs, record_files, registry
 
 
 def victim(tmp_path):
@@ -82,7 +82,7 @@ def test_a_record_is_written_through_a_fresh_file(tmp_path, monkeypatch):
         return real_open(path, mode, *args, **kwargs)
 
     monkeypatch.setattr("builtins.open", watching)
-    record = record_files.read(str(next(p for p in sorted((records_dir()).glob("*.json")))))
+    record = registry.read(str(next(p for p in sorted((records_dir()).glob("*.json")))))
     record_files.write(str(tmp_path / "r.json"), record)
     assert opened and all(name.startswith(".r.json.") and name.endswith(".tmp.json") for name in opened)
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]

@@ -122,12 +122,12 @@ def test_the_band_covers_how_far_processes_lie_apart():
 
 def saved(tmp_path, judged_case):
     """A case written as ``bench engine --json`` writes its record, and read back as ``bench report`` reads it."""
-    from freetoken_graphfix_bench import record_files, records
-    from freetoken_graphfix_bench.reports import report_of
+    from freetoken_graphfix_bench import record_files, records, registry
+    from freetoken_graphfix_bench.registry import report_of
 
     path = tmp_path / "record.json"
     record_files.write(str(path), records.EngineRecord([judged_case.case]))
-    return report_of(record_files.read(str(path)))
+    return report_of(registry.read(str(path)))
 
 
 def test_bench_report_fails_a_record_whose_protected_arm_blocked(tmp_path):

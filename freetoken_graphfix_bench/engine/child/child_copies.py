@@ -118,7 +118,7 @@ def make_copies(runner, copies: int, flag, release, driver: Driver,
     sync, as 0.2.x's ``_upload_graph``) and as many never uploaded (with ``control``, two more never
     uploaded for the positive control), right after the capture. Each is launched once here with its
     WAIT released just before (the flag back at 0 after it, checked), so none can block in the loop;
-    the offload cache is then reset as the capture leaves it (``graph.py`` 228). Copies share the
+    the offload cache is then reset as the capture leaves it (0.2.1's ``graph.py`` 228). Copies share the
     graph's memory and differ from its executable only in the upload. Where one fails, those made
     are destroyed before the error goes on."""
     stream = runner.stream

@@ -27,7 +27,7 @@ from child_copies import Driver, calibrate_control, destroy_all, keeping_graph_c
 def ple_flag_ops():
     """(module, name of its WAIT-enqueueing function, release(flag)) of the installed FreeToken: 0.2.x's
     ``kernel.row_store`` (``ple_disk.py`` imports ``wait_reset`` at each lookup), else 0.1.3's
-    ``kernel._ple_store`` (``ple_disk.py:259-267`` imports it inside ``lookup``). Both releases are a
+    ``kernel._ple_store`` (its ``ple_disk.py`` 259-267 imports it inside ``lookup``). Both releases are a
     plain host store, safe from any thread."""
     try:
         from freetoken.kernel import row_store
@@ -76,7 +76,7 @@ def count_self_released_waits(capturing, seams: dict = SELF_RELEASED) -> dict[st
 
 def wait_flag(table: object) -> object | None:
     """The pinned flag the decode graphs WAIT on, or ``None`` where they hold no WAIT: 0.2.x allocates
-    it in wait-sync mode alone (``ple_disk.py:206-208``), 0.1.3 in every mode, gate too, where a
+    it in wait-sync mode alone (0.2.1's ``ple_disk.py`` 206-208), 0.1.3 in every mode, gate too, where a
     release would only leave it at 1."""
     return getattr(table, "_flag", None) if getattr(table, "_wait_sync", False) else None
 
