@@ -22,7 +22,7 @@ EPILOG = """\
 examples:
   bench rig                                          does the upload cost this GPU? (a decode-like graph)
   bench engine --model ~/models/Qwen3-8B -- --attention-backend triton
-  bench engine --layers 320 --experts nvfp4 -- --moe-strategy hybrid   (#775's layout)
+  bench engine --layers 320 --experts nvfp4 -- --moe-strategy hybrid   (the reported layout)
   bench report 775.json --markdown 775.md            a saved record, judged again
   bench nsys ft-upstream.csv ft-auto.csv             Nsight Systems traces, per graph
 """

@@ -1,5 +1,5 @@
 """The option types and option groups ``bench``'s subcommands share: counts and durations refused in one
-line naming the accepted values, the output files, the model and #775's workload, the watchdog."""
+line naming the accepted values, the output files, the model and the copy workload, the watchdog."""
 
 from __future__ import annotations
 
@@ -58,20 +58,20 @@ def outputs_options(markdown: bool = True, plot: bool = True, verbose: bool = Fa
 
 
 def models_options() -> argparse.ArgumentParser:
-    """The model and workload options ``bench engine`` and ``bench serve`` share: #775's workload, defined once."""
+    """The model and workload options ``bench engine`` and ``bench serve`` share: the copy workload, defined once."""
     p = argparse.ArgumentParser(add_help=False)
-    g = p.add_argument_group("the model and #775's workload (copy a text verbatim, greedy)")
+    g = p.add_argument_group("the model and the copy workload (copy a text verbatim, greedy)")
     g.add_argument("--model", metavar="DIR", help="a model directory FreeToken loads (default: the synthetic "
                                                   "qwen4_exp, written per --layers)")
     g.add_argument("--layers", type=positive, nargs="+", metavar="N", help="synthetic qwen4_exp sizes (default 48)")
     g.add_argument("--experts", choices=model.EXPERTS, default="bf16",
                    help="the synthetic qwen4_exp's routed experts: bf16 (an FTW checkpoint, default) or nvfp4 "
-                        "(#775's layout: a ModelOpt NVFP4 safetensors checkpoint)")
+                        "(the reported layout: a ModelOpt NVFP4 safetensors checkpoint)")
     g.add_argument("--context", type=positive, default=DEFAULT_CONTEXT,
                    help=f"prompt tokens per request, by the model's own tokenizer (default {DEFAULT_CONTEXT}; "
-                        "#775's is 65536)")
+                        "the report's is 65536)")
     g.add_argument("--decode-steps", type=positive, default=DEFAULT_STEPS,
-                   help=f"greedy tokens per request (default {DEFAULT_STEPS}, #775's window)")
+                   help=f"greedy tokens per request (default {DEFAULT_STEPS}, the report's window)")
     g.add_argument("--prompt-file", metavar="PATH",
                    help="the UTF-8 text to copy (default: the Apache License 2.0 shipped with this package)")
     g.add_argument("--logs", metavar="DIR", help="keep each process's log here (default: a new temporary directory)")

@@ -14,7 +14,8 @@ from .options import positive
 
 def add_nsys(sub: Subparsers, prog: str) -> argparse.ArgumentParser:
     """``bench nsys``'s arguments: the traces."""
-    nsys = sub.add_parser("nsys", help="#775's figures from Nsight Systems traces, per graph", **own(prog, "nsys"),
+    nsys = sub.add_parser("nsys", help="the regression's figures from Nsight Systems traces, per graph",
+                          **own(prog, "nsys"),
                           description="Per trace and per graph (known by its kernels per launch): graph launches, "
                                       "kernel busy time, the stall at the PLE WAIT on its own, the median gap per "
                                       "stream with the stall left out. Reads nsys stats --report cuda_gpu_trace "

@@ -18,7 +18,7 @@ from ..settings import EngineSettings, from_options
 def add_engine(sub: Subparsers, prog: str) -> argparse.ArgumentParser:
     """``bench engine``'s options: the model and workload, the arms, and how each is measured."""
     names = ", ".join(arms.ARMS)
-    engine = sub.add_parser("engine", help="every arm in FreeToken's real offline engine, #775's workload",
+    engine = sub.add_parser("engine", help="every arm in FreeToken's real offline engine, on the copy workload",
                             parents=[models_options(), outputs_options(verbose=True), watchdog_option()],
                             **own(prog, "engine", ft_args=True),
                             description="Every arm in FreeToken's real offline engine, a process per arm and round: "
