@@ -10,10 +10,8 @@ FreeToken 0.2.x (``ple_disk.py``, ``engram_table.py``), ``_ple_store.memop_wait_
 - PLE on ROCm (a ``ple-fill`` worker) and Engram (``engram-fill``): the fill is submitted to a
   worker *before* the launch, so the WAIT is released even while the launch blocks.
 - Anything else: unknown, so it is treated as released after the launch (protected).
-
-Never seen here, and needing nothing: the WAITs MoE offload enqueues from C++ (the CPU-MoE
-handshake, 0.2.1's ``moe/cpu_executor.py`` 611; the locked-layer fetch, ``csrc/cpu_moe/locked_fetch.cpp``
-79-86), released during the launch by host threads answering a doorbell rung earlier in the graph.
+Never seen here, and needing nothing: the WAITs MoE offload enqueues from C++ (docs/architecture.md,
+"What the shim wraps").
 """
 
 from __future__ import annotations
