@@ -36,7 +36,8 @@ def parser(prog: str = "freetoken-graphfix bench") -> argparse.ArgumentParser:
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="bench", required=True, title="benchmarks", metavar="{" + ",".join(visible()) + "}")
     for bench in registry.BENCHMARKS:
-        bench.add_parser(sub, prog).set_defaults(bench_parser=sub.choices[bench.name])  # refusals in its own usage
+        own_parser = bench.add_parser(sub, prog)
+        own_parser.set_defaults(bench_parser=own_parser)  # each benchmark's refusals said in its own usage
     return ap
 
 
