@@ -3,7 +3,7 @@
 package's wheel installed into the site as a user installs it.
 
     python3 scripts/gpu_acceptance.py --out DIR --freetoken-wheel WHL --freetoken-tests DIR \\
-        --rebuild-test FILE [--commit SHA] [--budget SECONDS]
+        --rebuild-test FILE [--commit SHA] [--budget SECONDS] [--part all|user|series]
 
 Steps run in a scratch folder, never the checkout, with PYTHONPATH unset, so that only the installed
 package can answer: ``doctor`` with its short check; ``run -- python script.py`` on FreeToken's ``LLM``
@@ -202,8 +202,8 @@ def freetoken_tree(run: Run, wheel: Path, tests: Path, gate: Path) -> Path:
     return tree
 
 
-def steps(run: Run, opts: argparse.Namespace) -> None:
-    """Every step, in the order a user meets them, then the maintainers' series."""
+def user_steps(run: Run, opts: argparse.Namespace) -> None:
+    """The user's steps, in the order a user meets them."""
     py = sys.executable
     models = {"q48": ["--layers", "48"], "q320": ["--layers", "320"], "llama": ["--family", "llama"]}
     probe = ("import json, freetoken_graphfix as g, freetoken; from freetoken_graphfix import bootstrap; "
@@ -242,7 +242,6 @@ def steps(run: Run, opts: argparse.Namespace) -> None:
         run.step(f"bench {name} + report", bench)
     run.step("bench launch", lambda: ran(run.command([*CLI, "bench", "launch", "--launches", "50"], 120),
                                          "bench launch").strip().splitlines()[-1][:160])
-    series_steps(run, opts)
 
 
 def series_steps(run: Run, opts: argparse.Namespace) -> None:
@@ -288,6 +287,10 @@ def series_steps(run: Run, opts: argparse.Namespace) -> None:
         run.step(name, gate)
 
 
+PARTS: dict[str, tuple[Callable[[Run, argparse.Namespace], None], ...]] = {
+    "all": (user_steps, series_steps), "user": (user_steps,), "series": (series_steps,)}
+
+
 def table(results: list[Result]) -> str:
     """The closing table: a row per step."""
     width = max(len(r.step) for r in results)
@@ -308,13 +311,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rebuild-test", type=Path, required=True, help="FreeToken's tests/e2e/test_cache_rebuild.py")
     ap.add_argument("--commit", default="", help="the commit under test, for the summary")
     ap.add_argument("--budget", type=float, default=570.0, help="seconds for every step together (default 570)")
+    ap.add_argument("--part", choices=sorted(PARTS), default="all",
+                    help="the user's steps, the series' steps, or both (default): a split run's two halves")
     opts = ap.parse_args(argv)
     opts.out.mkdir(parents=True, exist_ok=True)
     opts.work.mkdir(parents=True, exist_ok=True)
     run = Run(opts.out.resolve(), opts.work.resolve(), time.monotonic() + opts.budget)
-    steps(run, opts)
+    for part in PARTS[opts.part]:
+        part(run, opts)
     print(table(run.results))
-    summary = {"commit": opts.commit, "date": time.strftime("%Y-%m-%d"), "results": [asdict(r) for r in run.results]}
+    summary = {"commit": opts.commit, "part": opts.part, "date": time.strftime("%Y-%m-%d"),
+               "results": [asdict(r) for r in run.results]}
     (opts.out / "acceptance.json").write_text(json.dumps(summary, indent=1))
     return 0 if all(r.passed for r in run.results) else 1
 

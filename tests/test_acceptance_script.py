@@ -83,3 +83,14 @@ def test_pytest_counts_reads_the_closing_line():
     proc = subprocess.CompletedProcess([], 1, "", "boom\n")
     with pytest.raises(acceptance.StepFailed, match="exited 1: boom"):
         acceptance.ran(proc, "x")
+
+
+@pytest.mark.parametrize("part", ["user", "series", "all"])
+def test_a_split_run_takes_its_own_half_of_the_steps(tmp_path, part, capsys):
+    args = ["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--freetoken-wheel", "w.whl",
+            "--freetoken-tests", "t", "--rebuild-test", "g.py", "--budget", "0", "--part", part]
+    assert acceptance.main(args) == 1  # nothing ran: the budget was spent
+    steps = [r["step"] for r in json.loads((tmp_path / "out" / "acceptance.json").read_text())["results"]]
+    user = steps[0] == "installed" and "bench launch" in steps
+    series = steps[-1] == "rebuild gate, llama, dummy weights" and any("qwen4_exp tests" in s for s in steps)
+    assert (user, series) == {"user": (True, False), "series": (False, True), "all": (True, True)}[part]
