@@ -10,7 +10,7 @@ def console(argv: list[str] | None = None) -> None:
     a shell would (130, no traceback): the console script's own import of this module is all that
     runs before this function."""
     try:
-        from .cli import main
+        from .tools.cli import main
 
         code = main(argv)
     except KeyboardInterrupt:

@@ -12,9 +12,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from freetoken_graphfix import config, series
+from freetoken_graphfix import config
 from freetoken_graphfix.config import Mode
 from freetoken_graphfix.decide import Action
+from freetoken_graphfix.tools import series
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from freetoken_graphfix.errors import GraphfixError
-from freetoken_graphfix.exits import ERROR, OK
+from freetoken_graphfix.tools.exits import ERROR, OK
 
 if TYPE_CHECKING:
     from .cases import Case

@@ -9,8 +9,8 @@ import importlib.util
 import shlex
 import sys
 
-from freetoken_graphfix import exits
-from freetoken_graphfix.exits import Parser
+from freetoken_graphfix.tools import exits
+from freetoken_graphfix.tools.exits import Parser
 
 from . import options, registry
 from .benchmark import refused

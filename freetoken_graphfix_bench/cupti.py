@@ -12,7 +12,8 @@ import sys
 import tempfile
 from typing import Any
 
-from freetoken_graphfix import child, config
+from freetoken_graphfix import config
+from freetoken_graphfix.tools import child
 
 from .running import rotated
 from .settings import RigSettings

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from freetoken_graphfix import safe_files
 from freetoken_graphfix.errors import UnsafePathError
-from freetoken_graphfix.exits import PREFIX
+from freetoken_graphfix.tools.exits import PREFIX
 
 from . import record_files, records
 from .reports import Report

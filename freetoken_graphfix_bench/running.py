@@ -1,5 +1,5 @@
 """What the benchmarks' running loops share: the arm order of each pass and the progress bar (a child
-process is run by ``freetoken_graphfix.child``)."""
+process is run by ``freetoken_graphfix.tools.child``)."""
 
 from __future__ import annotations
 

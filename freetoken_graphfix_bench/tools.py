@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from freetoken_graphfix.exits import OK, UsageError
+from freetoken_graphfix.tools.exits import OK, UsageError
 
 from . import model
 from .benchmark import Benchmark, Subparsers, needs_cuda, own, refused

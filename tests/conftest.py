@@ -11,9 +11,8 @@ import torch  # noqa: E402
 
 import freetoken_graphfix  # noqa: E402
 from freetoken_graphfix import shim  # noqa: E402
-
-from . import harness  # noqa: E402
-from .fakecuda import FakeCuda, wire  # noqa: E402
+from tests.helpers import harness  # noqa: E402
+from tests.helpers.fakecuda import FakeCuda, wire  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from freetoken_graphfix import child
+from freetoken_graphfix.tools import child
 
 from ..arms import NO_UPLOAD, PATCHED, UPSTREAM, arm_env, patched_freetoken
 from ..cases import Case

@@ -107,7 +107,7 @@ def run_probe(opts: argparse.Namespace, ft_args: list[str], say: str) -> int:
     answer (``child.answer``)."""
     import dataclasses
 
-    from freetoken_graphfix import child
+    from freetoken_graphfix.tools import child
 
     from .deadlock import probe
 

@@ -11,7 +11,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from freetoken_graphfix import child, config
+from freetoken_graphfix import config
+from freetoken_graphfix.tools import child
 
 from ..record_files import RecordError, build
 from ..records import DeadlockRecord, Environment, Probe

@@ -9,7 +9,7 @@ import statistics
 import time
 from typing import Any
 
-from freetoken_graphfix import child
+from freetoken_graphfix.tools import child
 
 from .. import spin
 from ..cupti import gaps_from_child, profile_gaps
